@@ -1,0 +1,158 @@
+"""The compilation pipeline: an ordered list of named phases, chosen per device by one table.
+
+import -> simplify -> precision -> fusion/legalize -> schedule (database, then dlight) -> lower.
+Each phase is a list of Relax/TIR passes; `phase_names()` is what the manifest records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .errors import BuildError
+
+
+@dataclass
+class PipelineConfig:
+    """What the phases need to know beyond the target.
+
+    Attributes:
+        database: a MetaSchedule database to apply after fusion (None: no tuning records).
+        precision_passes: passes from the precision planner, run before legalization.
+        extra_passes: passes appended to the simplify phase (e.g. tvmopt's own rewrites).
+    """
+
+    database: object | None = None
+    precision_passes: list = field(default_factory=list)
+    extra_passes: list = field(default_factory=list)
+
+
+def _simplify(target, cfg):
+    from tvm import relax
+
+    return [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(),
+            relax.transform.FoldConstant(), *cfg.extra_passes]
+
+
+def _precision(target, cfg):
+    return list(cfg.precision_passes)
+
+
+def _fuse_legalize(target, cfg):
+    from tvm import relax
+
+    return [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+
+
+def _apply_database(target, cfg):
+    from tvm import relax
+
+    if cfg.database is None:
+        return []
+    # After fusion, so the records match the fused functions that were tuned (apache/tvm#19385).
+    return [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)]
+
+
+def _dlight_cpu(target, cfg):
+    from tvm.s_tir import dlight as dl
+
+    return [dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())]
+
+
+def _dlight_gpu(target, cfg):
+    from tvm.s_tir import dlight as dl
+
+    return [dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                    dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
+
+
+def _lower(target, cfg):
+    from tvm import relax
+
+    return [relax.transform.RewriteDataflowReshape(), relax.transform.ToNonDataflow(),
+            relax.transform.RemovePurityChecking(), relax.transform.CallTIRRewrite(),
+            relax.transform.StaticPlanBlockMemory(), relax.transform.LowerAllocTensor(),
+            relax.transform.KillAfterLastUse(), relax.transform.LowerRuntimeBuiltin(),
+            relax.transform.ComputePrimValue(), relax.transform.VMShapeLower(),
+            relax.transform.AttachGlobalSymbol()]
+
+
+Phase = tuple[str, Callable]
+
+# The one table of per-device behaviour.
+PHASES: dict[str, list[Phase]] = {
+    "cpu": [("simplify", _simplify), ("precision", _precision), ("fuse", _fuse_legalize),
+            ("database", _apply_database), ("dlight", _dlight_cpu), ("lower", _lower)],
+    "cuda": [("simplify", _simplify), ("precision", _precision), ("fuse", _fuse_legalize),
+             ("database", _apply_database), ("dlight", _dlight_gpu), ("lower", _lower)],
+}
+
+
+def phases(device: str) -> list[Phase]:
+    if device not in PHASES:
+        raise BuildError(f"no compilation pipeline for device '{device}' "
+                         f"(known: {', '.join(PHASES)})")
+    return PHASES[device]
+
+
+def pass_names(device: str, target, cfg: PipelineConfig) -> dict[str, list[str]]:
+    """Phase -> names of the passes it runs, for the manifest."""
+    out = {}
+    for name, make in phases(device):
+        passes = make(target, cfg)
+        out[name] = [getattr(p, "info", None).name if getattr(p, "info", None) else type(p).__name__
+                     for p in passes]
+    return out
+
+
+def optimize(mod, target, device: str, cfg: PipelineConfig | None = None,
+             dump: Callable[[str, object], None] | None = None):
+    """Run every phase before `lower` on `mod`; return the optimized IRModule.
+
+    Args:
+        dump: called as dump(phase_name, mod) after each phase (TVMOPT_SAVE_TEMPS).
+    """
+    import tvm
+
+    cfg = cfg or PipelineConfig()
+    ctx_db = cfg.database if cfg.database is not None else None
+    with target:
+        for name, make in phases(device):
+            if name == "lower":
+                break
+            seq = tvm.transform.Sequential(make(target, cfg), name=f"tvmopt.{name}")
+            if ctx_db is not None and name == "database":
+                with ctx_db:
+                    mod = seq(mod)
+            else:
+                mod = seq(mod)
+            if dump:
+                dump(name, mod)
+    return mod
+
+
+def build(mod, target, device: str, cfg: PipelineConfig | None = None,
+          dump: Callable[[str, object], None] | None = None):
+    """Optimize and compile `mod` to a Relax VM executable.
+
+    Raises:
+        BuildError: TVM failed; the message names the phase.
+    """
+    import tvm
+
+    cfg = cfg or PipelineConfig()
+    try:
+        mod = optimize(mod, target, device, cfg, dump)
+    except Exception as err:
+        raise BuildError(f"optimization failed: {_last_line(err)}") from err
+    lower = tvm.transform.Sequential(dict(phases(device))["lower"](target, cfg), name="tvmopt.lower")
+    try:
+        return tvm.compile(mod, target=target, relax_pipeline=lower)
+    except Exception as err:
+        raise BuildError(f"code generation for {target.kind.name} failed: {_last_line(err)}") from err
+
+
+def _last_line(err: Exception) -> str:
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else type(err).__name__

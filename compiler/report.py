@@ -1,0 +1,101 @@
+"""Human-readable output for the CLI (rich tables). The API returns data; this prints it."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+console = Console(highlight=False)
+
+
+def _si(n: float, unit: str = "") -> str:
+    for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {suffix}{unit}"
+    return f"{n:g} {unit}".strip()
+
+
+def _sig(infos) -> str:
+    return escape(", ".join(f"{i.name}: {i.dtype}[{i.shape_str()}]" for i in infos))
+
+
+def print_model_info(info) -> None:
+    console.print(f"[bold]{info.path}[/]  opset {info.opset}, IR v{info.ir_version}"
+                  + (f", from {info.producer}" if info.producer else ""))
+    console.print(f"  inputs:  {_sig(info.inputs)}")
+    console.print(f"  outputs: {_sig(info.outputs)}")
+    console.print(f"  nodes: {info.node_count}   parameters: {_si(info.parameter_count)} "
+                  f"({_si(info.parameter_bytes, 'B')})   FLOPs: {_si(info.flops)} ({info.flops_note})")
+    t = Table(title="op types", show_edge=False)
+    t.add_column("op")
+    t.add_column("count", justify="right")
+    for op, n in info.op_histogram.items():
+        t.add_row(op, str(n))
+    console.print(t)
+    if info.unsupported:
+        console.print("[red]unsupported by the importer:[/]")
+        for op, nodes in info.unsupported.items():
+            console.print(f"  {op}: {', '.join(nodes[:5])}" + (" ..." if len(nodes) > 5 else ""))
+    else:
+        console.print("importer: every op type has a converter")
+
+
+def print_compile_result(result) -> None:
+    art = result.artifact
+    m = art.manifest
+    t = m["target"]
+    console.print(f"[green]compiled[/] {m['model']['file']} -> {art.path}  "
+                  f"(target {t['name']}: {t['tvm'].get('kind')} {t['tvm'].get('mcpu', t['tvm'].get('arch', ''))})")
+    console.print(f"  inputs:  {_sig(art.inputs)}")
+    console.print(f"  outputs: {_sig(art.outputs)}")
+    tm = result.timings
+    console.print("  time: " + ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in tm.items()))
+    tuning = m.get("tuning") or {}
+    if tuning.get("database"):
+        console.print(f"  tuning db: {tuning['database']} (hit rate {tuning.get('hit_rate', 0):.0%})")
+    if result.verification is not None:
+        for e in result.verification:
+            console.print(f"  verify {e.name}: max abs err {e.max_abs:.2e}, max rel err "
+                          f"{e.max_rel:.2e} vs onnxruntime [green]ok[/]")
+
+
+def print_outputs(outs: dict, path: str | None) -> None:
+    for name, arr in outs.items():
+        flat = arr.reshape(-1)
+        preview = ", ".join(f"{v:.4g}" if arr.dtype.kind == "f" else str(v) for v in flat[:6])
+        console.print(escape(f"{name}: {arr.dtype}[{'x'.join(map(str, arr.shape)) or 'scalar'}]  "
+                             f"[{preview}{', ...' if flat.size > 6 else ''}]"))
+    if path:
+        console.print(f"wrote {path}")
+
+
+def print_latency_summary(rows: list[dict]) -> None:
+    t = Table(title="latency (batch as compiled, same inputs, same run)", show_edge=False)
+    for col in ("runtime", "median ms", "p95 ms", "vs onnxruntime"):
+        t.add_column(col, justify="right" if col != "runtime" else "left")
+    for r in rows:
+        t.add_row(r["runtime"], f"{r['median_ms']:.3f}", f"{r['p95_ms']:.3f}",
+                  f"{r['ratio_to_ort']:.2f}x" if r.get("ratio_to_ort") else "-")
+    console.print(t)
+
+
+def print_targets(targets) -> None:
+    t = Table(show_edge=False)
+    for col in ("name", "aliases", "device", "arch", "description"):
+        t.add_column(col)
+    for x in targets:
+        t.add_row(x.name, ", ".join(x.aliases), x.device, x.arch, x.description)
+    t.add_row("host", "", "cpu", "", "this machine (detected)")
+    console.print(t)
+
+
+def print_target(t) -> None:
+    console.print(f"[bold]{t.name}[/] ({', '.join(t.aliases) or 'no aliases'}): {t.description}")
+    console.print(f"  device {t.device}, arch {t.arch}, features {', '.join(t.features) or '-'}")
+    console.print(f"  tvm target: {t.tvm_dict()}")
+    for title, table in (("peak", t.peak_gflops), ("memory", t.memory), ("compute", t.compute)):
+        for k, v in table.items():
+            console.print(f"  {title}.{k} = {v.value:g} {v.unit}  [dim]({v.source})[/]")
+    for k, v in t.instructions.items():
+        console.print(f"  instructions.{k}: {', '.join(v)}")
