@@ -92,3 +92,14 @@ def test_manifest_records_provenance(save, tmp_path):
     assert m["tuning"]["database"] is None
     assert m["inputs"] == [{"name": "x", "shape": ["batch", 32], "dtype": "float32"}]
     assert m["outputs"] == [{"name": "y", "shape": ["batch", 10], "dtype": "float32"}]
+
+
+def test_host_target_detects_this_machine(save, tmp_path, cli):
+    from tvmopt.targets import host_arch
+
+    path = save(FAMILIES["mlp"](), "mlp")
+    res = cli("compile", path, "--target", "host", "-o", tmp_path / "h", "--verify")
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "h" / "manifest.json").read_text())
+    assert m["target"]["name"] == "host" and m["target"]["arch"] == host_arch()
+    assert m["target"]["tvm"]["mcpu"]  # LLVM's name for this CPU
