@@ -1,0 +1,73 @@
+"""Closed-loop latency: one request in flight, the next issued when the previous returns.
+
+Several runners are measured interleaved (round-robin, rotating who goes first each round) so
+slow drifts of a shared, busy machine hit every runner alike instead of whichever ran last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .stats import LatencyStats, summarize
+
+
+@dataclass
+class ClosedLoopResult:
+    """One runner at one (batch, size): warm-up and steady-state statistics."""
+
+    runner: str
+    batch: int
+    size: int | None
+    warmup: LatencyStats | None
+    steady: LatencyStats
+    samples_s: list[float]
+
+    def to_json(self, with_samples: bool = True) -> dict:
+        d = {"runner": self.runner, "batch": self.batch, "size": self.size,
+             "warmup": self.warmup.to_json() if self.warmup else None,
+             "steady": self.steady.to_json()}
+        if with_samples:
+            d["samples_ms"] = [s * 1e3 for s in self.samples_s]
+        return d
+
+
+def _timed(runner, clock, batch, size) -> float:
+    t = clock.now()
+    runner.run(batch, size)
+    return clock.now() - t
+
+
+def measure(runners: list, clock, batch: int, size: int | None = None, warmup: int = 5,
+            runs: int = 50, max_seconds: float | None = None,
+            min_runs: int = 5) -> list[ClosedLoopResult]:
+    """Warm up, then time `runs` calls of each runner, interleaved.
+
+    Args:
+        runners: Runner objects (already constructed); each is prepared before timing.
+        clock: RealClock or SimClock.
+        batch: batch size of every call; throughput counts batch items per second.
+        size: value of the model's size dim (sequence length), if it has one.
+        warmup: untimed-for-the-summary calls per runner first (reported separately).
+        runs: timed calls per runner.
+        max_seconds: stop after this much time across all runners (at least `min_runs` each),
+            so one slow configuration cannot stall a sweep.
+        min_runs: floor for the time limit.
+
+    Returns:
+        One ClosedLoopResult per runner, in the order given.
+    """
+    for r in runners:
+        r.prepare(batch, size)
+    warm = {r.name: [_timed(r, clock, batch, size) for _ in range(warmup)] for r in runners}
+    samples = {r.name: [] for r in runners}
+    start = clock.now()
+    for i in range(runs):
+        k = i % len(runners)
+        for r in runners[k:] + runners[:k]:
+            samples[r.name].append(_timed(r, clock, batch, size))
+        if max_seconds is not None and i + 1 >= min_runs and clock.now() - start > max_seconds:
+            break
+    return [ClosedLoopResult(r.name, batch, size,
+                             summarize(warm[r.name], batch) if warm[r.name] else None,
+                             summarize(samples[r.name], batch), samples[r.name])
+            for r in runners]
