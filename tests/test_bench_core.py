@@ -64,11 +64,15 @@ def test_closed_loop_interleaves_runners_and_stops_at_the_time_budget():
     clock = SimClock()
     a = FakeRunner(clock, service_s=lambda b, s=None: 0.010, name="a")
     b = FakeRunner(clock, service_s=lambda b, s=None: 0.030, name="b")
-    ra, rb = measure([a, b], clock, batch=1, warmup=0, runs=100, max_seconds=0.2, min_runs=2)
-    # each round costs 40 ms: the budget is passed after the 6th round (240 ms > 200 ms)
-    assert ra.steady.n == rb.steady.n == 6
+    order = []
+    a.run = lambda batch, size=None, _r=a.run: (order.append("a"), _r(batch, size))
+    b.run = lambda batch, size=None, _r=b.run: (order.append("b"), _r(batch, size))
+    ra, rb = measure([a, b], clock, batch=1, warmup=0, runs=100, max_seconds=0.5, min_runs=2,
+                     block=3)
+    # each round is 3 calls of each: 120 ms; the budget is passed after round 5 (600 > 500 ms)
+    assert ra.steady.n == rb.steady.n == 15
     assert ra.steady.mean_ms == pytest.approx(10) and rb.steady.mean_ms == pytest.approx(30)
-    assert len(a.calls) == len(b.calls) == 6
+    assert order[:12] == list("aaabbbbbbaaa")  # who goes first alternates
 
 
 # ------------------------------------------------------------------------------------ load

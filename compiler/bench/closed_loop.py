@@ -1,7 +1,11 @@
 """Closed-loop latency: one request in flight, the next issued when the previous returns.
 
-Several runners are measured interleaved (round-robin, rotating who goes first each round) so
-slow drifts of a shared, busy machine hit every runner alike instead of whichever ran last.
+Several runners are measured interleaved in short blocks (round-robin, rotating who goes first
+each round) so slow drifts of a shared, busy machine hit every runner alike instead of whichever
+ran last. Blocks rather than single calls because runtimes keep their thread pools spinning for
+a while after a call (onnxruntime, OpenMP in torch, TVM's pool): alternating call by call makes
+each runner compete with the previous one's spinning threads, which measures the harness, not
+the runtime.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ def _timed(runner, clock, batch, size) -> float:
 
 def measure(runners: list, clock, batch: int, size: int | None = None, warmup: int = 5,
             runs: int = 50, max_seconds: float | None = None,
-            min_runs: int = 5) -> list[ClosedLoopResult]:
+            min_runs: int = 5, block: int = 5) -> list[ClosedLoopResult]:
     """Warm up, then time `runs` calls of each runner, interleaved.
 
     Args:
@@ -52,6 +56,7 @@ def measure(runners: list, clock, batch: int, size: int | None = None, warmup: i
         max_seconds: stop after this much time across all runners (at least `min_runs` each),
             so one slow configuration cannot stall a sweep.
         min_runs: floor for the time limit.
+        block: consecutive calls of one runner before switching to the next.
 
     Returns:
         One ClosedLoopResult per runner, in the order given.
@@ -61,11 +66,15 @@ def measure(runners: list, clock, batch: int, size: int | None = None, warmup: i
     warm = {r.name: [_timed(r, clock, batch, size) for _ in range(warmup)] for r in runners}
     samples = {r.name: [] for r in runners}
     start = clock.now()
-    for i in range(runs):
-        k = i % len(runners)
+    done, rnd = 0, 0
+    while done < runs:
+        n = min(block, runs - done)
+        k = rnd % len(runners)
         for r in runners[k:] + runners[:k]:
-            samples[r.name].append(_timed(r, clock, batch, size))
-        if max_seconds is not None and i + 1 >= min_runs and clock.now() - start > max_seconds:
+            samples[r.name].extend(_timed(r, clock, batch, size) for _ in range(n))
+        done += n
+        rnd += 1
+        if max_seconds is not None and done >= min_runs and clock.now() - start > max_seconds:
             break
     return [ClosedLoopResult(r.name, batch, size,
                              summarize(warm[r.name], batch) if warm[r.name] else None,
