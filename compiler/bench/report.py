@@ -100,8 +100,8 @@ def _print_load(ld: dict) -> None:
                   + f"; sizes ({ld['size_dim']}): "
                   + ", ".join(f"{x['label']}={x['value']}:{x['prob']:.2f}" for x in ld["sizes"])
                   + f"; max batch {pol['max_batch']}, max wait {pol['max_wait_s'] * 1e3:g} ms, "
-                  f"timeout {pol['timeout_s'] * 1e3 if pol['timeout_s'] else 0:g} ms, "
-                  f"queue {pol['max_queue']}")
+                  + (f"timeout {pol['timeout_s'] * 1e3:g} ms, " if pol["timeout_s"] else "no timeout, ")
+                  + f"queue {pol['max_queue']}")
     t = Table(show_edge=False)
     for col in ("requests", "completed", "dropped", "timed out", "offered/s", "achieved/s",
                 "items/s", "utilization", "batches", "mean batch"):
