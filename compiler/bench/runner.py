@@ -98,9 +98,13 @@ class ArtifactRunner:
         if (batch, size) not in self._args:
             self._args[(batch, size)] = self.lm.to_device(self.factory.feeds(batch, size))
 
-    def run(self, batch: int, size: int | None = None) -> None:
+    def device_args(self, batch: int, size: int | None = None) -> list:
+        """The device inputs for (batch, size), created on first use."""
         self.prepare(batch, size)
-        self.lm.run_device(self._args[(batch, size)])
+        return self._args[(batch, size)]
+
+    def run(self, batch: int, size: int | None = None) -> None:
+        self.lm.run_device(self.device_args(batch, size))
         self.lm.device.sync()  # GPU launches are asynchronous; time the work, not the launch
 
 

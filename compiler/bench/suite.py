@@ -214,7 +214,14 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
         return ArtifactRunner(lm, InputFactory(lm.inputs, seed=opts.seed) if None not in loaded
                               else factory)
 
-    base_runners, doc["baselines"] = _make_baselines(opts, model, factory, log)
+    # baselines take inputs from the .onnx's own signature: a model compiled per static batch
+    # (--shape) may still be symbolic in batch for onnxruntime and torch
+    base_factory = factory
+    if model is not None and opts.baselines:
+        from ..onnx_model import graph_inputs, load_onnx
+
+        base_factory = InputFactory(graph_inputs(load_onnx(model)), seed=opts.seed)
+    base_runners, doc["baselines"] = _make_baselines(opts, model, base_factory, log)
     for name, st in doc["baselines"].items():
         if st != "ok":
             warnings.append(f"baseline {name} {st}")
@@ -225,8 +232,6 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
         for b in opts.batches:
             runners = [tvm_runner(b)]
             for br in base_runners:
-                if None not in loaded and b != factory.static_batch:
-                    continue
                 try:
                     br.prepare(b)
                     runners.append(br)
@@ -249,9 +254,8 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
 
             b0 = opts.batches[0]
             r0 = tvm_runner(b0)
-            r0.prepare(b0)
             log(f"per-kernel profile: batch {b0}")
-            doc["profile"] = kernel_profile(r0.lm, r0._args[(b0, None)], top=opts.profile_top)
+            doc["profile"] = kernel_profile(r0.lm, r0.device_args(b0), top=opts.profile_top)
             doc["profile"]["batch"] = b0
 
         doc["load"] = _load_test(opts, loaded, factory, clock, log, warnings) if opts.load else None
