@@ -5,7 +5,9 @@ each round) so slow drifts of a shared, busy machine hit every runner alike inst
 ran last. Blocks rather than single calls because runtimes keep their thread pools spinning for
 a while after a call (onnxruntime, OpenMP in torch, TVM's pool): alternating call by call makes
 each runner compete with the previous one's spinning threads, which measures the harness, not
-the runtime.
+the runtime; and between blocks the harness idles `settle_s` so those threads go to sleep
+before the next runner starts (on 2 busy cores, torch eager measured 600 ms per call right after
+TVM's pool instead of 4 ms alone).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def _timed(runner, clock, batch, size) -> float:
 
 def measure(runners: list, clock, batch: int, size: int | None = None, warmup: int = 5,
             runs: int = 50, max_seconds: float | None = None,
-            min_runs: int = 5, block: int = 5) -> list[ClosedLoopResult]:
+            min_runs: int = 5, block: int = 5, settle_s: float = 0.02) -> list[ClosedLoopResult]:
     """Warm up, then time `runs` calls of each runner, interleaved.
 
     Args:
@@ -57,24 +59,32 @@ def measure(runners: list, clock, batch: int, size: int | None = None, warmup: i
             so one slow configuration cannot stall a sweep.
         min_runs: floor for the time limit.
         block: consecutive calls of one runner before switching to the next.
+        settle_s: idle time before each block when several runners alternate (untimed; the
+            time budget counts only timed calls).
 
     Returns:
         One ClosedLoopResult per runner, in the order given.
     """
     for r in runners:
         r.prepare(batch, size)
-    warm = {r.name: [_timed(r, clock, batch, size) for _ in range(warmup)] for r in runners}
+    warm = {}
+    for r in runners:
+        clock.sleep(settle_s if len(runners) > 1 else 0.0)
+        warm[r.name] = [_timed(r, clock, batch, size) for _ in range(warmup)]
     samples = {r.name: [] for r in runners}
-    start = clock.now()
-    done, rnd = 0, 0
+    settle = settle_s if len(runners) > 1 else 0.0
+    spent, done, rnd = 0.0, 0, 0
     while done < runs:
         n = min(block, runs - done)
         k = rnd % len(runners)
         for r in runners[k:] + runners[:k]:
+            clock.sleep(settle)
+            t = clock.now()
             samples[r.name].extend(_timed(r, clock, batch, size) for _ in range(n))
+            spent += clock.now() - t
         done += n
         rnd += 1
-        if max_seconds is not None and done >= min_runs and clock.now() - start > max_seconds:
+        if max_seconds is not None and done >= min_runs and spent > max_seconds:
             break
     return [ClosedLoopResult(r.name, batch, size,
                              summarize(warm[r.name], batch) if warm[r.name] else None,
