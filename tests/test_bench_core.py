@@ -183,6 +183,7 @@ def test_full_queue_drops_and_long_waits_time_out():
     assert res.status == ["ok", "ok", "timed_out", "dropped"]
     s = res.summary()
     assert (s["completed"], s["dropped"], s["timed_out"]) == (2, 1, 1)
+    assert s["overloaded"] and s["max_queue_depth"] == 2
 
 
 def test_overload_grows_the_queue_and_batching_raises_throughput():
@@ -202,11 +203,13 @@ def test_overload_grows_the_queue_and_batching_raises_throughput():
     assert b1["utilization"] == pytest.approx(1.0)
     assert b1["queueing_growth"]["growing"]
     assert b1["latency"]["max_ms"] == pytest.approx(400 * 11 - 399 * 5)
+    assert b1["overloaded"] and b1["max_queue_depth"] > 150
     # batch 8: capacity 8/18 ms = 444/s: keeps up, latency flat, 2.2x the throughput
     assert not b8["queueing_growth"]["growing"]
     assert b8["achieved_rate"] > 2 * b1["achieved_rate"]
     assert b8["latency"]["p99_ms"] < 30
     assert b8["mean_batch_items"] > 1
+    assert not b8["overloaded"] and b8["max_queue_depth"] <= 8
 
 
 def test_drain_horizon_bounds_the_test():

@@ -126,7 +126,10 @@ def _print_load(ld: dict) -> None:
     if g["first_third_mean_ms"] is not None:
         console.print(f"  latency first third {g['first_third_mean_ms']:.1f} ms -> last third "
                       f"{g['last_third_mean_ms']:.1f} ms (slope {g['slope_ms_per_s']:.1f} ms/s)"
-                      + ("  [red]queue growing: over capacity[/]" if g["growing"] else "  stable"))
+                      + ("  [red]queue growing[/]" if g["growing"] else "  not growing"))
+    console.print(f"  max queue depth {s['max_queue_depth']}; "
+                  + ("[red]over capacity[/] (growing queue, losses, or served < 90% of offered)"
+                     if s["overloaded"] else "[green]keeping up[/] with the offered load"))
     console.print("  batch-size histogram (items: batches): "
                   + ", ".join(f"{k}: {v}" for k, v in s["batch_histogram"].items()))
 
@@ -259,10 +262,9 @@ def write_plot(doc: dict, path) -> None:
             ax.set_ylabel("end-to-end latency (ms)")
             ax.set_title(f"load: {ld['kind']} {ld['rate']:g}/s, max batch {ld['policy']['max_batch']}")
             ax2 = ax.twinx()
-            b = np.array(tl["batches"]) if tl["batches"] else np.zeros((0, 4))
-            if len(b):
-                ax2.plot(b[:, 0], b[:, 2], color="gray", alpha=0.5, lw=0.8)
-            ax2.set_ylabel("items per batch", color="gray")
+            d = np.array(tl.get("queue_depth") or [[0, 0]], dtype=float)
+            ax2.step(d[:, 0], d[:, 1], where="post", color="gray", alpha=0.6, lw=0.8)
+            ax2.set_ylabel("queued requests", color="gray")
             ax.legend(fontsize=7, loc="upper left")
         elif panel == "soak":
             sk = doc["soak"]

@@ -119,6 +119,7 @@ class ServerResult:
     batches: list[tuple[float, float, int, int]]  # (start, finish, items, requests)
     duration: float        # length of the arrival schedule
     size_is_items: bool = True
+    depth: list[tuple[float, int]] | None = None  # (time, queued requests) at each change
 
     def summary(self) -> dict:
         """Everything the report prints and the JSON holds (see README: bench JSON schema)."""
@@ -147,7 +148,14 @@ class ServerResult:
             "queue_wait": summarize(wait).to_json() if wait.size else None,
             "by_size": {},
             "queueing_growth": self._growth(ok),
+            "max_queue_depth": max((d for _, d in self.depth or []), default=0),
         }
+        # over capacity: the server could not keep up with what was offered, whether that shows
+        # as a growing queue, as timeouts/drops (which cap the growth), or as a falling rate
+        lost = out["dropped"] + out["timed_out"]
+        out["overloaded"] = bool(out["queueing_growth"]["growing"]
+                                 or lost > 0.01 * max(len(self.requests), 1)
+                                 or out["achieved_rate"] < 0.9 * out["offered_rate"])
         for label in sorted({r.label for r in self.requests}):
             sel = ok & np.array([r.label == label for r in self.requests])
             if sel.any():
@@ -193,6 +201,7 @@ def serve(runner, clock, requests: list[Request], policy: BatchPolicy,
     finish = np.full(n, np.nan)
     status = ["pending"] * n
     batches: list[tuple[float, float, int, int]] = []
+    depth: list[tuple[float, int]] = [(0.0, 0)]
 
     def items(r):
         return r.value if size_is_items else 1
@@ -228,6 +237,8 @@ def serve(runner, clock, requests: list[Request], policy: BatchPolicy,
                     else:
                         keep.append(r)
                 q = keep
+            if len(q) != depth[-1][1]:
+                depth.append((now, len(q)))
             if not q:
                 if src.done():
                     break
@@ -267,4 +278,4 @@ def serve(runner, clock, requests: list[Request], policy: BatchPolicy,
     if duration is None:
         duration = float(max(arrival)) if n else 0.0
     return ServerResult(list(requests), arrival, start, finish, status, batches, duration,
-                        size_is_items)
+                        size_is_items, depth)

@@ -310,10 +310,14 @@ def _load_test(opts, loaded, factory, clock, log, warnings) -> dict:
     res = serve(runner, clock, reqs, policy, size_is_items=size_is_items,
                 drain_s=max(2.0, opts.duration / 2), duration=opts.duration)
     summary = res.summary()
-    if summary["queueing_growth"]["growing"]:
-        warnings.append(f"load: latency grew from {summary['queueing_growth']['first_third_mean_ms']:.1f}"
-                        f" to {summary['queueing_growth']['last_third_mean_ms']:.1f} ms through the "
-                        "run: the offered rate exceeds capacity")
+    if summary["overloaded"]:
+        g = summary["queueing_growth"]
+        warnings.append(f"load: over capacity: {summary['offered_rate']:.1f} req/s offered, "
+                        f"{summary['achieved_rate']:.1f} served, "
+                        f"{summary['dropped'] + summary['timed_out']} dropped or timed out, "
+                        f"queue up to {summary['max_queue_depth']}, mean latency "
+                        f"{g['first_third_mean_ms'] or 0:.0f} -> {g['last_third_mean_ms'] or 0:.0f} ms "
+                        "first to last third")
     return {"kind": opts.load, "rate": opts.rate, "duration_s": opts.duration,
             "burst": opts.burst, "size_dim": factory.size_dim or "batch items",
             "sizes": [asdict(s) for s in sizes], "policy": asdict(policy),
@@ -321,7 +325,8 @@ def _load_test(opts, loaded, factory, clock, log, warnings) -> dict:
             "timeline": {"arrival_s": res.arrival.tolist(),
                          "latency_ms": ((res.finish - res.arrival) * 1e3).tolist(),
                          "status": res.status,
-                         "batches": [list(b) for b in res.batches]}}
+                         "batches": [list(b) for b in res.batches],
+                         "queue_depth": [list(d) for d in res.depth]}}
 
 
 def _versions(baselines) -> dict:
