@@ -215,6 +215,7 @@ def write_plot(doc: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import NullFormatter
 
     panels = ["cdf", "sweep"] + (["load"] if doc.get("load") else []) + \
              (["soak"] if doc.get("soak") else [])
@@ -227,6 +228,7 @@ def write_plot(doc: dict, path) -> None:
                 ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post",
                         label=f"{r['runner']} b{r['batch']}")
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # labels collide on narrow ranges
             ax.set_xlabel("latency per call (ms, log)")
             ax.set_ylabel("fraction of calls")
             ax.set_title("closed-loop latency CDF")
@@ -242,6 +244,8 @@ def write_plot(doc: dict, path) -> None:
                                 textcoords="offset points")
             ax.set_xscale("log")
             ax.set_yscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel("P50 latency per batch (ms, log)")
             ax.set_ylabel("throughput (samples/s, log)")
             ax.set_title("throughput vs latency (batch sweep)")
