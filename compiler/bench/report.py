@@ -223,9 +223,15 @@ def write_plot(doc: dict, path) -> None:
     axes = np.atleast_1d(axes)
     for ax, panel in zip(axes, panels):
         if panel == "cdf":
+            # colour = runner, line style = batch: 4 runners x 3 batches stay distinguishable
+            names = list(dict.fromkeys(r["runner"] for r in doc["closed_loop"]))
+            batches = list(dict.fromkeys(r["batch"] for r in doc["closed_loop"]))
+            styles = ["-", "--", ":", "-."]
             for r in doc["closed_loop"]:
                 x = np.sort(r["samples_ms"])
                 ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post",
+                        color=f"C{names.index(r['runner']) % 10}",
+                        ls=styles[batches.index(r["batch"]) % len(styles)],
                         label=f"{r['runner']} b{r['batch']}")
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())  # labels collide on narrow ranges
@@ -234,11 +240,12 @@ def write_plot(doc: dict, path) -> None:
             ax.set_title("closed-loop latency CDF")
             ax.legend(fontsize=7)
         elif panel == "sweep":
-            for name in dict.fromkeys(r["runner"] for r in doc["closed_loop"]):
+            names = list(dict.fromkeys(r["runner"] for r in doc["closed_loop"]))
+            for i, name in enumerate(names):
                 rs = [r for r in doc["closed_loop"] if r["runner"] == name]
                 xs = [r["steady"]["p50_ms"] for r in rs]
                 ys = [r["steady"]["throughput"] for r in rs]
-                ax.plot(xs, ys, marker="o", label=name)
+                ax.plot(xs, ys, marker="o", color=f"C{i % 10}", label=name)
                 for r, x, y in zip(rs, xs, ys):
                     ax.annotate(f"b{r['batch']}", (x, y), fontsize=7, xytext=(3, 3),
                                 textcoords="offset points")

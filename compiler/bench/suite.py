@@ -116,11 +116,7 @@ def resolve_artifacts(opts: BenchOptions, log) -> tuple[dict, str | None]:
 
     if not opts.is_model:
         art = read_artifact(opts.path)
-        model = opts.model
-        if model is None:  # the manifest names the model file; use it if it sits beside
-            cand = Path(opts.path).parent / art.manifest["model"]["file"]
-            model = str(cand) if cand.exists() else None
-        return {None: opts.path}, model
+        return {None: opts.path}, opts.model or _find_model(art.manifest["model"], opts.path)
     model = opts.path
     stem = Path(model).stem
     out = Path(opts.output or f"tvmopt-out/bench/{stem}")
@@ -146,6 +142,19 @@ def resolve_artifacts(opts: BenchOptions, log) -> tuple[dict, str | None]:
     return arts, model
 
 
+def _find_model(entry: dict, artifact_path: str) -> str | None:
+    """The .onnx an artifact was compiled from: beside the artifact or a bundled model, matched
+    by the sha256 in the manifest (a same-named but different file is not used)."""
+    from ..models import bundled
+    from ..onnx_model import sha256_file
+
+    beside = Path(artifact_path).parent / entry["file"]
+    for cand in [beside, *bundled().values()]:
+        if cand.exists() and sha256_file(cand) == entry.get("sha256"):
+            return str(cand)
+    return None
+
+
 # ------------------------------------------------------------------------------------ baselines
 def _make_baselines(opts, model, factory, log) -> tuple[list, dict]:
     from .runner import OrtRunner, TorchRunner
@@ -153,7 +162,8 @@ def _make_baselines(opts, model, factory, log) -> tuple[list, dict]:
     runners, status = [], {}
     for name in opts.baselines:
         if model is None:
-            status[name] = "unavailable: no .onnx model (pass --model)"
+            status[name] = ("unavailable: the artifact's .onnx was not found beside it or among "
+                            "the bundled models (pass --model)")
             continue
         try:
             if name == "ort":
