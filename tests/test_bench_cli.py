@@ -51,3 +51,17 @@ def test_bench_errors_are_one_line(tmp_path):
     assert res.output.count("\n") == 1 and res.output.startswith("tvmopt: error:")
     res = CliRunner().invoke(main, ["bench", str(tmp_path / "m.onnx"), "--baselines", "tf"])
     assert res.exit_code == 1 and "choose from ort, torch, torch.compile" in res.output
+
+
+def test_bench_an_artifact_finds_its_bundled_model_for_baselines(bench_run):
+    _, out = bench_run
+    art = out / "art" / "mobile_cnn.tvmopt"
+    res = CliRunner().invoke(main, ["bench", str(art), "--runs", "2", "--warmup", "1",
+                                    "--baselines", "ort,torch", "--profile-top", "0",
+                                    "--no-coldstart", "--json", str(out / "a.json"), "-q"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "a.json").read_text())
+    assert doc["model"].endswith("mobile_cnn.onnx")  # matched by the manifest's sha256
+    assert doc["baselines"] == {"ort": "ok", "torch": "ok"}
+    assert {r["runner"] for r in doc["closed_loop"]} == {"tvmopt", "onnxruntime", "torch"}
