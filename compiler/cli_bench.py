@@ -58,6 +58,8 @@ def _name_list(ctx, param, value) -> list[str]:
               help="Server: requests not started within this time out (0: never).")
 @click.option("--max-queue", type=int, default=1000, show_default=True,
               help="Server: requests arriving to a full queue are dropped.")
+@click.option("--soak", type=float, metavar="SECONDS",
+              help="Soak for this long (also with --load; --duration alone means the same).")
 @click.option("--profile-top", type=int, default=10, show_default=True,
               help="Rows of the per-kernel profile (0: skip).")
 @click.option("--no-coldstart", is_flag=True, help="Skip the fresh-process cold-start measurement.")
@@ -68,7 +70,7 @@ def _name_list(ctx, param, value) -> list[str]:
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def bench(path, model, target, output, shapes, batches, runs, warmup, max_seconds, baselines,
           threads, load, rate, duration, burst, sizes, max_batch, max_wait_ms, timeout_ms,
-          max_queue, profile_top, no_coldstart, seed, json_path, csv_path, plot_path, quiet):
+          max_queue, soak, profile_top, no_coldstart, seed, json_path, csv_path, plot_path, quiet):
     """Latency and throughput of PATH (an artifact folder, or an .onnx compiled first).
 
     Closed-loop percentiles per batch size, baselines side by side, per-kernel profile, peak
@@ -85,7 +87,7 @@ def bench(path, model, target, output, shapes, batches, runs, warmup, max_second
                         rate=rate, duration=duration, burst=burst, sizes=sizes,
                         max_batch=max_batch, max_wait_ms=max_wait_ms, timeout_ms=timeout_ms,
                         max_queue=max_queue, coldstart=not no_coldstart, profile_top=profile_top,
-                        seed=seed)
+                        seed=seed, soak=soak)
     log = (lambda msg: None) if quiet else (lambda msg: click.echo(f"[bench] {msg}", err=True))
     doc = run_bench(opts, log=log)
     print_bench(doc)

@@ -14,7 +14,7 @@ def bench_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     args = ["bench", str(bundled()["mobile_cnn"]), "-o", str(out / "art"), "--batch", "1,2", "--runs", "4", "--warmup", "1",
             "--baselines", "ort", "--profile-top", "3", "--load", "poisson", "--rate", "20",
-            "--duration", "1", "--max-batch", "4", "--json", str(out / "b.json"),
+            "--duration", "1", "--max-batch", "4", "--soak", "1", "--json", str(out / "b.json"),
             "--csv", str(out / "b.csv"), "--plot", str(out / "b.png"), "-q"]
     res = CliRunner().invoke(main, args, catch_exceptions=False)
     return res, out
@@ -24,7 +24,7 @@ def test_bench_prints_every_section(bench_run):
     res, _ = bench_run
     assert res.exit_code == 0, res.output
     for text in ("closed-loop latency", "samples/s/ort", "per-kernel profile", "load test",
-                 "end-to-end", "batch-size histogram", "memory: RSS", "cold start"):
+                 "end-to-end", "batch-size histogram", "soak:", "memory: RSS", "cold start"):
         assert text in res.output, text
 
 
@@ -41,6 +41,7 @@ def test_bench_json_holds_the_documented_sections(bench_run):
     assert s["requests"] == s["completed"] + s["dropped"] + s["timed_out"] > 0
     assert doc["memory"]["rss_peak_bytes"] >= doc["memory"]["rss_start_bytes"] > 0
     assert doc["cold_start"]["first_run_s"] > 0
+    assert doc["soak"]["calls"] > 0 and len(doc["soak"]["windows"]) >= 1
     assert (out / "b.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "b.csv").read_text().startswith("section,runner,batch,metric,value")
 

@@ -59,6 +59,10 @@ def test_options_reject_bad_values_with_the_choices():
     with pytest.raises(BenchOptionError):
         BenchOptions(path="m.onnx", batches=[0])
     assert BenchOptions(path="m.onnx", load="poisson").duration == 10.0
+    assert BenchOptions(path="m.onnx", duration=30).soak == 30  # --duration alone: soak
+    assert BenchOptions(path="m.onnx", load="burst", duration=30).soak is None
+    with pytest.raises(BenchOptionError):
+        BenchOptions(path="m.onnx", soak=-1)
 
 
 # ------------------------------------------------------------------------------------ writers

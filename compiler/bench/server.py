@@ -52,10 +52,10 @@ class _ScheduledArrivals:
         return out
 
     def wait(self, until: float | None) -> None:
-        nxt = self.t0 + self.pending[0].t if self.pending else None
-        target = min(x for x in (nxt, until) if x is not None) if (nxt or until) else None
-        if target is not None:
-            self.clock.advance_to(target)
+        times = [x for x in (self.t0 + self.pending[0].t if self.pending else None, until)
+                 if x is not None]
+        if times:
+            self.clock.advance_to(min(times))
 
     def done(self) -> bool:
         return not self.pending

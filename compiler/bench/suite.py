@@ -41,7 +41,7 @@ class BenchOptions:
         threads: onnxruntime intra-op and torch threads (default: all cores, like TVM's pool).
         load: None, 'poisson' or 'burst'; rate (requests/s), duration (s), burst phases spec,
             sizes (request-size mix spec), max_batch, max_wait_ms, timeout_ms, max_queue.
-        soak: with no load, `duration` runs a soak of that many seconds.
+        soak: seconds of soak (default: `duration` when there is no load test).
         coldstart: measure cold start in a fresh process.
         profile_top: rows of the per-kernel profile (0: no profile).
         seed: inputs and arrivals.
@@ -70,6 +70,7 @@ class BenchOptions:
     coldstart: bool = True
     profile_top: int = 10
     seed: int = 0
+    soak: float | None = None
 
     def __post_init__(self):
         if not self.batches or any(b < 1 for b in self.batches):
@@ -80,8 +81,12 @@ class BenchOptions:
                                    f"(choose from {', '.join(BASELINES)})")
         if self.load is not None and self.load not in LOADS:
             raise BenchOptionError(f"--load: unknown '{self.load}' (choose {' or '.join(LOADS)})")
+        if self.soak is None and self.duration and not self.load:
+            self.soak = self.duration
         if self.load and not self.duration:
             self.duration = 10.0
+        if self.soak is not None and self.soak <= 0:
+            raise BenchOptionError("--soak must be > 0 seconds")
         if self.runs < 1 or self.warmup < 0:
             raise BenchOptionError("--runs must be >= 1 and --warmup >= 0")
         if self.duration is not None and self.duration <= 0:
@@ -271,12 +276,12 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
         doc["load"] = _load_test(opts, loaded, factory, clock, log, warnings) if opts.load else None
 
         doc["soak"] = None
-        if opts.duration and not opts.load:
+        if opts.soak:
             from .soak import soak
 
             b0 = opts.batches[0]
-            log(f"soak: batch {b0} for {opts.duration:g} s")
-            doc["soak"] = soak(tvm_runner(b0), clock, b0, opts.duration)
+            log(f"soak: batch {b0} for {opts.soak:g} s")
+            doc["soak"] = soak(tvm_runner(b0), clock, b0, opts.soak)
             if doc["soak"]["leak_suspected"]:
                 warnings.append(f"soak: RSS grew {doc['soak']['rss_growth']:.1%} and kept "
                                 "growing in the second half: possible leak")
