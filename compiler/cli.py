@@ -195,5 +195,7 @@ def demo(target, output, runs):
     print_latency_summary(latency_summary(result.artifact.path, opts.model, runs=runs))
 
 
+from . import cli_bench  # noqa: E402,F401
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,248 @@
+"""What the harness times: a `Runner` does one synchronous inference of a given batch.
+
+Real runners (the tvmopt artifact, onnxruntime, PyTorch eager / torch.compile through onnx2torch)
+share one `InputFactory`, so every runner sees the same arrays for the same (batch, size).
+`FakeRunner` has fixed, known service times and advances a `SimClock`, which makes every figure
+the harness computes exactly predictable in tests.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from ..errors import ModelError, ShapeError
+from ..onnx_model import TensorInfo
+
+
+class Runner(Protocol):
+    """One inference engine under test."""
+
+    name: str
+
+    def prepare(self, batch: int, size: int | None = None) -> None:
+        """Build inputs (and anything else) for this shape, outside the timed region."""
+
+    def run(self, batch: int, size: int | None = None) -> None:
+        """One synchronous inference on the prepared inputs (results are ready on return)."""
+
+
+class BaselineUnavailable(Exception):
+    """A baseline cannot run this model (conversion or compilation failed); says why."""
+
+
+# ------------------------------------------------------------------------------------ inputs
+@dataclass
+class InputFactory:
+    """Deterministic inputs per (batch, size) for a model signature.
+
+    The batch dim is the symbolic leading dim of the first input; the size dim (a sequence
+    length, say) is the first other symbolic dim, if any. Static models have neither.
+    """
+
+    inputs: list[TensorInfo]
+    seed: int = 0
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def batch_dim(self) -> str | int | None:
+        shape = self.inputs[0].shape if self.inputs else None
+        return shape[0] if shape else None
+
+    @property
+    def static_batch(self) -> int | None:
+        return self.batch_dim if isinstance(self.batch_dim, int) else None
+
+    @property
+    def size_dim(self) -> str | None:
+        for i in self.inputs:
+            for d in (i.shape or ())[1:]:
+                if isinstance(d, str) and d != self.batch_dim:
+                    return d
+        return None
+
+    def dims(self, batch: int, size: int | None = None) -> dict[str, int]:
+        if self.static_batch is not None and batch != self.static_batch:
+            raise ShapeError(f"input '{self.inputs[0].name}' has a static batch of "
+                             f"{self.static_batch}; cannot run batch {batch}",
+                             hint="bench the .onnx model to recompile per batch")
+        out = {self.batch_dim: batch} if isinstance(self.batch_dim, str) else {}
+        if self.size_dim and size is not None:
+            out[self.size_dim] = size
+        return out
+
+    def feeds(self, batch: int, size: int | None = None) -> dict[str, np.ndarray]:
+        key = (batch, size)
+        if key not in self._cache:
+            from ..runtime import random_inputs
+
+            self._cache[key] = random_inputs(self.inputs, self.dims(batch, size), seed=self.seed)
+        return self._cache[key]
+
+
+# ------------------------------------------------------------------------------------ real runners
+class ArtifactRunner:
+    """A tvmopt artifact on its device, inputs copied to the device once per shape."""
+
+    def __init__(self, loaded, factory: InputFactory, name: str = "tvmopt"):
+        self.name = name
+        self.lm = loaded
+        self.factory = factory
+        self._args: dict = {}
+
+    def prepare(self, batch: int, size: int | None = None) -> None:
+        if (batch, size) not in self._args:
+            self._args[(batch, size)] = self.lm.to_device(self.factory.feeds(batch, size))
+
+    def device_args(self, batch: int, size: int | None = None) -> list:
+        """The device inputs for (batch, size), created on first use."""
+        self.prepare(batch, size)
+        return self._args[(batch, size)]
+
+    def run(self, batch: int, size: int | None = None) -> None:
+        self.lm.run_device(self.device_args(batch, size))
+        self.lm.device.sync()  # GPU launches are asynchronous; time the work, not the launch
+
+
+class OrtRunner:
+    """onnxruntime, CPU execution provider, intra-op threads = `threads`."""
+
+    def __init__(self, model_path: str, factory: InputFactory, threads: int):
+        from ..verify import ort_session
+
+        self.name = "onnxruntime"
+        self.factory = factory
+        self.sess = ort_session(str(model_path), threads=threads)
+
+    def prepare(self, batch: int, size: int | None = None) -> None:
+        self.factory.feeds(batch, size)
+
+    def run(self, batch: int, size: int | None = None) -> None:
+        self.sess.run(None, self.factory.feeds(batch, size))
+
+
+def _import_onnx2torch():
+    """Import onnx2torch, which imports torchvision only for its NMS and RoiAlign converters.
+
+    The torchvision wheel on PyPI is a CUDA build that cannot load next to the CPU torch these
+    machines use; when it does not import, those two converters are given a stand-in that
+    raises on use, so every other model still converts and an NMS model fails loudly.
+    """
+    try:
+        import torchvision  # noqa: F401
+    except Exception as err:  # ImportError, or RuntimeError from a mismatched build
+        reason = f"torchvision unavailable ({type(err).__name__}: {str(err)[:80]})"
+        for mod in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[mod]
+
+        def _missing(*_a, **_k):
+            raise BaselineUnavailable(f"this model needs torchvision ops: {reason}")
+
+        tv = types.ModuleType("torchvision")
+        tv.ops = types.ModuleType("torchvision.ops")
+        tv.ops.nms = tv.ops.box_convert = tv.ops.roi_align = _missing
+        sys.modules["torchvision"] = tv
+        sys.modules["torchvision.ops"] = tv.ops
+    try:
+        import onnx2torch
+    except ImportError as err:
+        raise BaselineUnavailable(f"onnx2torch is not installed ({err})") from None
+    return onnx2torch
+
+
+class TorchRunner:
+    """PyTorch eager, or torch.compile, on the ONNX model converted by onnx2torch."""
+
+    def __init__(self, model_path: str, factory: InputFactory, threads: int,
+                 compiled: bool = False):
+        import torch
+
+        from ..onnx_model import load_onnx
+
+        self.name = "torch.compile" if compiled else "torch"
+        self.factory = factory
+        self.compiled = compiled
+        torch.set_num_threads(threads)
+        onnx2torch = _import_onnx2torch()
+        try:
+            module = onnx2torch.convert(load_onnx(model_path)).eval()
+        except ModelError:
+            raise
+        except Exception as err:
+            raise BaselineUnavailable(f"onnx2torch cannot convert {model_path}: "
+                                      f"{type(err).__name__}: {str(err).strip()[:160]}") from None
+        self.module = module
+        self.fn = module
+        if compiled:
+            try:
+                self.fn = torch.compile(module, dynamic=True)
+            except Exception as err:
+                raise BaselineUnavailable(f"torch.compile failed: {type(err).__name__}: "
+                                          f"{str(err).strip()[:160]}") from None
+        self._tensors: dict = {}
+
+    def prepare(self, batch: int, size: int | None = None) -> None:
+        import torch
+
+        key = (batch, size)
+        if key in self._tensors:
+            return
+        feeds = self.factory.feeds(batch, size)
+        self._tensors[key] = [torch.from_numpy(np.ascontiguousarray(feeds[i.name]))
+                              for i in self.factory.inputs]
+        try:  # the first call converts/compiles lazily: do it here, and fail here, not timed
+            with torch.inference_mode():
+                self.fn(*self._tensors[key])
+        except Exception as err:
+            raise BaselineUnavailable(f"{self.name} fails on batch {batch}: "
+                                      f"{type(err).__name__}: {str(err).strip()[:160]}") from None
+
+    def run(self, batch: int, size: int | None = None) -> None:
+        import torch
+
+        self.prepare(batch, size)
+        with torch.inference_mode():
+            self.fn(*self._tensors[(batch, size)])
+
+
+# ------------------------------------------------------------------------------------ fake
+class FakeRunner:
+    """Fixed, known service times on a simulated clock.
+
+    Args:
+        clock: the SimClock to advance.
+        service_s: seconds one call of (batch, size) takes; or
+        times_s: a list of per-call service times, cycled in order (for exact percentile tests).
+    """
+
+    def __init__(self, clock, service_s: Callable[[int, int | None], float] | None = None,
+                 times_s: list[float] | None = None, name: str = "fake"):
+        if (service_s is None) == (times_s is None):
+            raise ValueError("give exactly one of service_s or times_s")
+        self.name = name
+        self.clock = clock
+        self.service_s = service_s
+        self.times_s = list(times_s or [])
+        self.calls: list[tuple[int, int | None]] = []
+
+    @classmethod
+    def linear(cls, clock, fixed_s: float, per_item_s: float, name: str = "fake") -> "FakeRunner":
+        """Service time = fixed_s + per_item_s * batch: batching amortizes the fixed part."""
+        return cls(clock, service_s=lambda b, s=None: fixed_s + per_item_s * b, name=name)
+
+    def prepare(self, batch: int, size: int | None = None) -> None:
+        pass
+
+    def service_time(self, batch: int, size: int | None = None) -> float:
+        if self.service_s is not None:
+            return self.service_s(batch, size)
+        return self.times_s[len(self.calls) % len(self.times_s)]
+
+    def run(self, batch: int, size: int | None = None) -> None:
+        dt = self.service_time(batch, size)
+        self.calls.append((batch, size))
+        self.clock.sleep(dt)

@@ -1,0 +1,357 @@
+"""The `tvmopt bench` API: one BenchOptions in, one JSON-ready result dict out.
+
+Order of work: resolve/compile the artifact(s) -> runners (tvmopt + baselines) -> closed-loop
+batch sweep, interleaved -> per-kernel profile -> open-loop load test -> soak -> cold start
+(last: a child process must not compete with the timed runs). RSS is sampled throughout.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import ArtifactError, ShapeError, TvmoptError
+from .runner import BaselineUnavailable
+
+SCHEMA = "tvmopt.bench/1"
+BASELINES = ("ort", "torch", "torch.compile")
+LOADS = ("poisson", "burst")
+
+
+class BenchOptionError(TvmoptError):
+    """An option value `bench` cannot use."""
+
+
+@dataclass
+class BenchOptions:
+    """Everything `tvmopt bench` needs (validated on construction).
+
+    Attributes:
+        path: an artifact folder, or an .onnx model (compiled first).
+        model: the .onnx for baselines when `path` is an artifact.
+        target: compile target when `path` is a model.
+        output: where compiled artifacts go (default tvmopt-out/bench/<stem>).
+        shapes: --shape overrides for compiling ('NAME=1x3x96x96').
+        batches: batch sizes of the closed-loop sweep.
+        runs, warmup: timed and warm-up calls per runner and batch.
+        max_seconds: time budget per batch size of the sweep (all runners together).
+        baselines: subset of BASELINES.
+        threads: onnxruntime intra-op and torch threads (default: all cores, like TVM's pool).
+        load: None, 'poisson' or 'burst'; rate (requests/s), duration (s), burst phases spec,
+            sizes (request-size mix spec), max_batch, max_wait_ms, timeout_ms, max_queue.
+        soak: seconds of soak (default: `duration` when there is no load test).
+        coldstart: measure cold start in a fresh process.
+        profile_top: rows of the per-kernel profile (0: no profile).
+        seed: inputs and arrivals.
+    """
+
+    path: str
+    model: str | None = None
+    target: str = "x86"
+    output: str | None = None
+    shapes: list[str] = field(default_factory=list)
+    batches: list[int] = field(default_factory=lambda: [1])
+    runs: int = 50
+    warmup: int = 5
+    max_seconds: float = 10.0
+    baselines: list[str] = field(default_factory=list)
+    threads: int | None = None
+    load: str | None = None
+    rate: float = 50.0
+    duration: float | None = None
+    burst: str | None = None
+    sizes: str | None = None
+    max_batch: int = 8
+    max_wait_ms: float = 5.0
+    timeout_ms: float = 1000.0
+    max_queue: int = 1000
+    coldstart: bool = True
+    profile_top: int = 10
+    seed: int = 0
+    soak: float | None = None
+
+    def __post_init__(self):
+        if not self.batches or any(b < 1 for b in self.batches):
+            raise BenchOptionError("--batch: batch sizes must be positive integers")
+        bad = [b for b in self.baselines if b not in BASELINES]
+        if bad:
+            raise BenchOptionError(f"--baselines: unknown {', '.join(bad)} "
+                                   f"(choose from {', '.join(BASELINES)})")
+        if self.load is not None and self.load not in LOADS:
+            raise BenchOptionError(f"--load: unknown '{self.load}' (choose {' or '.join(LOADS)})")
+        if self.soak is None and self.duration and not self.load:
+            self.soak = self.duration
+        if self.load and not self.duration:
+            self.duration = 10.0
+        if self.soak is not None and self.soak <= 0:
+            raise BenchOptionError("--soak must be > 0 seconds")
+        if self.runs < 1 or self.warmup < 0:
+            raise BenchOptionError("--runs must be >= 1 and --warmup >= 0")
+        if self.duration is not None and self.duration <= 0:
+            raise BenchOptionError("--duration must be > 0 seconds")
+        if self.rate <= 0:
+            raise BenchOptionError("--rate must be > 0 requests/s")
+        self.threads = self.threads or os.cpu_count() or 1
+
+    @property
+    def is_model(self) -> bool:
+        return Path(self.path).suffix.lower() == ".onnx"
+
+
+# ------------------------------------------------------------------------------------ artifacts
+def _compile(model: str, opts: BenchOptions, out: Path, shapes: list[str], log) -> str:
+    from ..compile import CompileOptions, compile_model
+
+    log(f"compiling {model} for {opts.target} -> {out}")
+    res = compile_model(CompileOptions(model=model, target=opts.target, output=str(out),
+                                       shapes=shapes))
+    return str(res.artifact.path)
+
+
+def resolve_artifacts(opts: BenchOptions, log) -> tuple[dict, str | None]:
+    """{batch or None (any batch): artifact path} and the model path for baselines.
+
+    A model whose batch dim is symbolic compiles once; a static-batch model is recompiled per
+    batch with --shape (its other dims kept).
+    """
+    from ..artifact import read_artifact
+    from ..onnx_model import graph_inputs, load_onnx
+
+    if not opts.is_model:
+        art = read_artifact(opts.path)
+        return {None: opts.path}, opts.model or _find_model(art.manifest["model"], opts.path)
+    model = opts.path
+    stem = Path(model).stem
+    out = Path(opts.output or f"tvmopt-out/bench/{stem}")
+    infos = graph_inputs(load_onnx(model))
+    first = infos[0].shape[0] if infos and infos[0].shape else None
+    fixed = any(s.split("=", 1)[0] == infos[0].name for s in opts.shapes) if infos else False
+    if isinstance(first, str) and not fixed:
+        return {None: _compile(model, opts, out / f"{stem}.tvmopt", opts.shapes, log)}, model
+    # static batch: one artifact per batch size, the first input's leading dim replaced
+    arts = {}
+    for b in opts.batches:
+        shape = list(infos[0].shape)
+        base = next((s for s in opts.shapes if s.split("=", 1)[0] == infos[0].name), None)
+        if base:
+            shape = [int(x) for x in base.split("=", 1)[1].split("x")]
+        if any(not isinstance(d, int) for d in shape[1:]):
+            raise ShapeError(f"input '{infos[0].name}' has symbolic dims besides the batch; "
+                             "give --shape for it")
+        shape[0] = b
+        spec = f"{infos[0].name}={'x'.join(map(str, shape))}"
+        others = [s for s in opts.shapes if s.split("=", 1)[0] != infos[0].name]
+        arts[b] = _compile(model, opts, out / f"{stem}.b{b}.tvmopt", others + [spec], log)
+    return arts, model
+
+
+def _find_model(entry: dict, artifact_path: str) -> str | None:
+    """The .onnx an artifact was compiled from: beside the artifact or a bundled model, matched
+    by the sha256 in the manifest (a same-named but different file is not used)."""
+    from ..models import bundled
+    from ..onnx_model import sha256_file
+
+    beside = Path(artifact_path).parent / entry["file"]
+    for cand in [beside, *bundled().values()]:
+        if cand.exists() and sha256_file(cand) == entry.get("sha256"):
+            return str(cand)
+    return None
+
+
+# ------------------------------------------------------------------------------------ baselines
+def _make_baselines(opts, model, factory, log) -> tuple[list, dict]:
+    from .runner import OrtRunner, TorchRunner
+
+    runners, status = [], {}
+    for name in opts.baselines:
+        if model is None:
+            status[name] = ("unavailable: the artifact's .onnx was not found beside it or among "
+                            "the bundled models (pass --model)")
+            continue
+        try:
+            if name == "ort":
+                runners.append(OrtRunner(model, factory, opts.threads))
+            else:
+                log(f"converting {Path(model).name} with onnx2torch for {name}")
+                runners.append(TorchRunner(model, factory, opts.threads,
+                                           compiled=(name == "torch.compile")))
+            status[name] = "ok"
+        except BaselineUnavailable as err:
+            status[name] = f"unavailable: {err}"
+    return runners, status
+
+
+def _ratios(rows: list[dict]) -> None:
+    """Add 'ratio_to_ort' to each row: every steady figure divided by onnxruntime's."""
+    ort = {(r["batch"], r["size"]): r["steady"] for r in rows if r["runner"] == "onnxruntime"}
+    for r in rows:
+        ref = ort.get((r["batch"], r["size"]))
+        r["ratio_to_ort"] = ({k: (v / ref[k] if ref[k] else None) for k, v in r["steady"].items()
+                              if isinstance(v, float)} if ref else None)
+
+
+# ------------------------------------------------------------------------------------ main
+def run_bench(opts: BenchOptions, log=print) -> dict:
+    """Run every part of the benchmark `opts` asks for.
+
+    Returns:
+        The result document (schema SCHEMA, documented in the README's `tvmopt bench` section).
+
+    Raises:
+        TvmoptError: bad options, model, artifact or shapes.
+    """
+    from ..runtime import load
+    from .clock import RealClock
+    from .closed_loop import measure
+    from .memory import RssSampler, memory_report
+    from .runner import ArtifactRunner, InputFactory
+
+    arts, model = resolve_artifacts(opts, log)
+    loaded = {b: load(p) for b, p in arts.items()}
+    first = next(iter(loaded.values()))
+    factory = InputFactory(first.inputs, seed=opts.seed)
+    if None not in loaded and factory.static_batch is None:
+        raise ArtifactError("internal: per-batch artifacts without a static batch")
+    clock = RealClock()
+    warnings: list[str] = []
+    doc = {"schema": SCHEMA, "versions": _versions(opts.baselines),
+           "host": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                    "threads": opts.threads},
+           "artifacts": {("any" if b is None else str(b)): str(p) for b, p in arts.items()},
+           "model": model, "target": first.artifact.manifest["target"]["name"],
+           "device": first.artifact.manifest["target"]["device"],
+           "options": asdict(opts), "warnings": warnings}
+
+    def tvm_runner(b):
+        lm = loaded[None] if None in loaded else loaded[b]
+        return ArtifactRunner(lm, InputFactory(lm.inputs, seed=opts.seed) if None not in loaded
+                              else factory)
+
+    # baselines take inputs from the .onnx's own signature: a model compiled per static batch
+    # (--shape) may still be symbolic in batch for onnxruntime and torch
+    base_factory = factory
+    if model is not None and opts.baselines:
+        from ..onnx_model import graph_inputs, load_onnx
+
+        base_factory = InputFactory(graph_inputs(load_onnx(model)), seed=opts.seed)
+    base_runners, doc["baselines"] = _make_baselines(opts, model, base_factory, log)
+    for name, st in doc["baselines"].items():
+        if st != "ok":
+            warnings.append(f"baseline {name} {st}")
+
+    with RssSampler() as rss:
+        # closed loop, batch sweep, interleaved with the baselines
+        rows = []
+        for b in opts.batches:
+            runners = [tvm_runner(b)]
+            for br in base_runners:
+                try:
+                    br.prepare(b)
+                    runners.append(br)
+                except (BaselineUnavailable, TvmoptError) as err:
+                    warnings.append(f"{br.name} skipped at batch {b}: {err}")
+            log(f"closed loop: batch {b}, {', '.join(r.name for r in runners)}")
+            for res in measure(runners, clock, b, warmup=opts.warmup, runs=opts.runs,
+                               max_seconds=opts.max_seconds):
+                rows.append(res.to_json())
+                if res.steady.noisy:
+                    warnings.append(f"{res.runner} batch {b}: coefficient of variation "
+                                    f"{res.steady.cv:.0%} > 10%: the machine is too noisy to "
+                                    "trust small differences")
+        _ratios(rows)
+        doc["closed_loop"] = rows
+
+        doc["profile"] = None
+        if opts.profile_top > 0:
+            from .profile import kernel_profile
+
+            b0 = opts.batches[0]
+            r0 = tvm_runner(b0)
+            log(f"per-kernel profile: batch {b0}")
+            doc["profile"] = kernel_profile(r0.lm, r0.device_args(b0), top=opts.profile_top)
+            doc["profile"]["batch"] = b0
+
+        doc["load"] = _load_test(opts, loaded, factory, clock, log, warnings) if opts.load else None
+
+        doc["soak"] = None
+        if opts.soak:
+            from .soak import soak
+
+            b0 = opts.batches[0]
+            log(f"soak: batch {b0} for {opts.soak:g} s")
+            doc["soak"] = soak(tvm_runner(b0), clock, b0, opts.soak)
+            if doc["soak"]["leak_suspected"]:
+                warnings.append(f"soak: RSS grew {doc['soak']['rss_growth']:.1%} and kept "
+                                "growing in the second half: possible leak")
+            if doc["soak"]["drifting"]:
+                warnings.append(f"soak: median latency drifted {doc['soak']['p50_drift']:+.0%}")
+    doc["memory"] = memory_report(rss, doc["device"])
+
+    doc["cold_start"] = None
+    if opts.coldstart:
+        from .coldstart import cold_start
+
+        b0 = opts.batches[0]
+        p = arts[None] if None in arts else arts[b0]
+        log("cold start: fresh process")
+        doc["cold_start"] = cold_start(p, factory.dims(b0) if None in arts else {})
+        doc["cold_start"]["batch"] = b0
+    return doc
+
+
+def _load_test(opts, loaded, factory, clock, log, warnings) -> dict:
+    from .load import generate, parse_sizes
+    from .runner import ArtifactRunner
+    from .server import BatchPolicy, serve
+
+    if None not in loaded:
+        raise ShapeError("the load test batches requests dynamically, which needs a symbolic "
+                         "batch dim; this model has a static batch",
+                         hint="export the model with a dynamic batch axis")
+    sizes = parse_sizes(opts.sizes)
+    size_is_items = factory.size_dim is None
+    policy = BatchPolicy(max_batch=opts.max_batch, max_wait_s=opts.max_wait_ms / 1e3,
+                         timeout_s=opts.timeout_ms / 1e3 if opts.timeout_ms else None,
+                         max_queue=opts.max_queue)
+    if size_is_items and max(s.value for s in sizes) > opts.max_batch:
+        raise BenchOptionError(f"--sizes: a request of {max(s.value for s in sizes)} items does "
+                               f"not fit --max-batch {opts.max_batch}")
+    reqs = generate(opts.load, opts.rate, opts.duration, sizes, opts.burst, opts.seed)
+    log(f"load test: {opts.load}, {len(reqs)} requests over {opts.duration:g} s, "
+        f"max batch {opts.max_batch}, max wait {opts.max_wait_ms:g} ms")
+    runner = ArtifactRunner(loaded[None], factory)
+    res = serve(runner, clock, reqs, policy, size_is_items=size_is_items,
+                drain_s=max(2.0, opts.duration / 2), duration=opts.duration)
+    summary = res.summary()
+    if summary["overloaded"]:
+        g = summary["queueing_growth"]
+        warnings.append(f"load: over capacity: {summary['offered_rate']:.1f} req/s offered, "
+                        f"{summary['achieved_rate']:.1f} served, "
+                        f"{summary['dropped'] + summary['timed_out']} dropped or timed out, "
+                        f"queue up to {summary['max_queue_depth']}, mean latency "
+                        f"{g['first_third_mean_ms'] or 0:.0f} -> {g['last_third_mean_ms'] or 0:.0f} ms "
+                        "first to last third")
+    return {"kind": opts.load, "rate": opts.rate, "duration_s": opts.duration,
+            "burst": opts.burst, "size_dim": factory.size_dim or "batch items",
+            "sizes": [asdict(s) for s in sizes], "policy": asdict(policy),
+            "summary": summary,
+            "timeline": {"arrival_s": res.arrival.tolist(),
+                         "latency_ms": ((res.finish - res.arrival) * 1e3).tolist(),
+                         "status": res.status,
+                         "batches": [list(b) for b in res.batches],
+                         "queue_depth": [list(d) for d in res.depth]}}
+
+
+def _versions(baselines) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ["tvmopt", "apache-tvm", "onnxruntime"] + (
+            ["torch", "onnx2torch"] if any(b.startswith("torch") for b in baselines) else []):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
