@@ -80,13 +80,22 @@ def print_latency_summary(rows: list[dict]) -> None:
     console.print(t)
 
 
+def _peak_cell(t, dtype: str) -> str:
+    v = t.peak_gflops_total(dtype)
+    return "-" if v is None else _si(v * 1e9)
+
+
 def print_targets(targets) -> None:
-    t = Table(show_edge=False)
-    for col in ("name", "aliases", "device", "arch", "description"):
+    t = Table(show_edge=False, title="peaks are whole-device (CPU: per-core peak x reference cores)")
+    for col in ("name", "aliases", "device", "arch", "fp32 FLOP/s", "fp16", "bf16", "int8 OP/s",
+                "fp8", "mem GB/s", "fast int8 instr"):
         t.add_column(col)
     for x in targets:
-        t.add_row(x.name, ", ".join(x.aliases), x.device, x.arch, x.description)
-    t.add_row("host", "", "cpu", "", "this machine (detected)")
+        bw = x.bandwidth_gbs()
+        t.add_row(x.name, ", ".join(x.aliases), x.device, x.arch,
+                  *(_peak_cell(x, d) for d in ("fp32", "fp16", "bf16", "int8", "fp8")),
+                  f"{bw:g}" if bw else "-", (x.fast_instructions("int8") or ("-",))[0])
+    t.add_row("host", "", "cpu", "(detected)", "", "", "", "", "", "", "")
     console.print(t)
 
 
@@ -97,5 +106,11 @@ def print_target(t) -> None:
     for title, table in (("peak", t.peak_gflops), ("memory", t.memory), ("compute", t.compute)):
         for k, v in table.items():
             console.print(f"  {title}.{k} = {v.value:g} {v.unit}  [dim]({v.source})[/]")
+    for d in ("fp32", "fp16", "bf16", "int8", "fp8"):
+        v = t.peak_gflops_total(d)
+        if v is not None and t.device == "cpu":
+            console.print(f"  whole-device {d}: {_si(v * 1e9)}OP/s ({t.cores()} cores)")
     for k, v in t.instructions.items():
-        console.print(f"  instructions.{k}: {', '.join(v)}")
+        console.print(f"  instructions.{k}: {', '.join(v) or 'none (no fast path)'}")
+    if t.precision:
+        console.print(f"  precision: {t.precision}")
