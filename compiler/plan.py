@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .analysis.roofline import Roof, Verdict, evaluate
-from .errors import TargetError
+from .errors import TargetError, TvmoptError
 from .targets import HardwareTarget
 
 CHOICES = ("auto", "fp32", "fp16", "bf16", "int8")
@@ -208,7 +208,7 @@ def decide(hw: HardwareTarget, kernels: list[KernelPlan], requested: str) -> tup
         else:
             model_prec = prec
             set_all(prec, f"{prec} inputs, fp32 accumulation (ToMixedPrecision)"
-                    + ("; tensor cores: " + hw.fast_instructions(prec)[0] if hw.device == "cuda" else ""))
+                    + ("; matmul/conv on tensor cores" if hw.device == "cuda" else ""))
             decisions.append(Decision(prec, "chosen", f"predicted {total * 1e3:.4f} ms vs fp32 "
                                       f"{fp32_total * 1e3:.4f} ms"))
             break
@@ -357,14 +357,19 @@ def make_plan(model, hw: HardwareTarget, precision: str = "auto", dims: dict[str
     dims = dict(dims or {})
     proto = load_onnx(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else model
     infos = resolve_input_shapes(proto, dict(shapes or {}))
-    imported = import_onnx(proto, dict(shapes or {}))
     used_dims = {d: int(dims.get(d, 1)) for i in infos for d in (i.shape or ()) if isinstance(d, str)}
-    mod = imported.mod
-    if used_dims:
-        # Import as compile does (symbolic dims kept), then bind them: FLOPs need numbers.
+    static = _static_shapes(infos, dims)
+    static.update(shapes or {})
+    try:
+        # FLOPs need numbers: import with every symbolic dim bound.
+        mod = import_onnx(proto, static).mod
+    except TvmoptError:
+        # Some graphs only import with symbolic dims: import as compile does, then bind them.
         from tvm import relax
 
-        mod = relax.transform.BindSymbolicVars(used_dims, "main")(mod)
+        mod = import_onnx(proto, dict(shapes or {})).mod
+        if used_dims:
+            mod = relax.transform.BindSymbolicVars(used_dims, "main")(mod)
 
     target = hw.to_tvm()
     cfg = pipeline.PipelineConfig()

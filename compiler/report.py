@@ -114,3 +114,26 @@ def print_target(t) -> None:
         console.print(f"  instructions.{k}: {', '.join(v) or 'none (no fast path)'}")
     if t.precision:
         console.print(f"  precision: {t.precision}")
+
+
+def print_plan(p, model: str) -> None:
+    dims = ", ".join(f"{k}={v}" for k, v in p.dims.items())
+    console.print(f"[bold]plan[/] {escape(str(model))} on [bold]{p.target}[/] ({p.device})"
+                  + (f", dims {dims}" if dims else "") + f": precision {p.requested} -> "
+                  f"[bold]{p.precision}[/]")
+    console.print("  ridge point (FLOP/B): " + ", ".join(f"{k} {v:.1f}" for k, v in p.ridge.items()))
+    t = Table(show_edge=False)
+    for col in ("kernel", "ops", "FLOPs", "bytes", "FLOP/B", "bound", "precision", "pred us", "why"):
+        t.add_column(col, justify="right" if col in ("FLOPs", "bytes", "FLOP/B", "pred us") else "left")
+    for k in p.kernels:
+        ai = "inf" if k.intensity == float("inf") else f"{k.intensity:.2f}"
+        t.add_row(escape(k.name[:32]), escape(",".join(k.ops)[:28]), _si(k.flops), _si(k.bytes, "B"),
+                  ai, k.bound, k.precision, f"{k.time_us:.3f}", escape(k.why))
+    console.print(t)
+    console.print(f"  kernels: {p.kernels_before_fusion} before fusion -> {p.kernels_after_fusion} "
+                  f"after; predicted latency {p.predicted_ms:.4f} ms (fp32 {p.predicted_fp32_ms:.4f} ms; "
+                  "roofline only: no launch or framework overhead)")
+    console.print("  weight bytes: " + ", ".join(f"{k} {_si(v, 'B')}" for k, v in p.weight_bytes.items()))
+    for d in p.decisions:
+        colour = {"chosen": "green", "refused": "yellow", "downgraded": "red"}.get(d.action, "")
+        console.print(f"  [{colour}]{d.precision} {d.action}[/]: {escape(d.reason)}")
