@@ -106,13 +106,58 @@ def integer_matmul_to_fp32_pass():
     return transform
 
 
-def passes_for(plan, hw: HardwareTarget) -> list:
-    """The Relax passes that realise `plan.precision` (run in the pipeline's precision phase)."""
+def _matrix_ops_fp16(mod):
+    """fp16 inputs, fp32 accumulation/output for every fp32 matmul and conv2d (the rest stays fp32)."""
+    import tvm
     from tvm import relax
 
+    @relax.expr_functor.mutator
+    class Rewrite(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not isinstance(call.op, tvm.ir.Op) or call.op.name not in ("relax.matmul",
+                                                                          "relax.nn.conv2d"):
+                return call
+            if any(str(getattr(a.ty, "dtype", "")) != "float32" for a in call.args[:2]):
+                return call
+            a, b = (relax.op.astype(v, "float16") for v in call.args[:2])
+            if call.op.name == "relax.matmul":
+                return relax.op.matmul(a, b, out_dtype="float32")
+            at = call.attrs
+            return relax.op.nn.conv2d(a, b, strides=at.strides, padding=at.padding,
+                                      dilation=at.dilation, groups=at.groups,
+                                      data_layout=at.data_layout, kernel_layout=at.kernel_layout,
+                                      out_layout=at.out_layout, out_dtype="float32")
+
+    rw = Rewrite(mod)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            rw.builder_.update_func(gv, rw.visit_expr(func))
+    return rw.builder_.get()
+
+
+def fp16_pass():
+    """Relax ToMixedPrecision (fp16, fp32 accumulation). TVM 0.27's pass rejects modules whose
+    main calls TIR directly (call_tir, which the ONNX importer emits for Clip); those get the
+    same treatment for matmul/conv2d only, the ops that run on tensor cores."""
+    import tvm
+    from tvm import relax
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmopt.MixedPrecisionFP16")
+    def transform(mod, _ctx):
+        try:
+            return relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+        except Exception:  # noqa: BLE001 - TVM raises InternalError on call_tir arguments
+            return _matrix_ops_fp16(mod)
+
+    return transform
+
+
+def passes_for(plan, hw: HardwareTarget) -> list:
+    """The Relax passes that realise `plan.precision` (run in the pipeline's precision phase)."""
     passes = []
     if plan.precision == "fp16":
-        passes.append(relax.transform.ToMixedPrecision(out_dtype="float32"))
+        passes.append(fp16_pass())
     if plan.precision == "int8_weight":
         passes.append(int8_weight_pass(hw, force=plan.requested == "int8"))
     if any(k.integer_matmul and k.precision != "int8" for k in plan.kernels):
