@@ -56,12 +56,13 @@ def int8_weight_pass(hw: HardwareTarget, force: bool = False):
                     return call
                 xshape = getattr(x.ty, "shape", None)
                 dims = list(getattr(xshape, "values", None) or [])
-                if len(dims) != 2 or not all(hasattr(d, "value") for d in dims):
-                    return call  # symbolic or batched activations: keep fp32
+                if len(dims) != 2 or not hasattr(dims[1], "value"):
+                    return call  # batched (3-D) or unknown activations: keep fp32
                 if str(w.value.dtype) != "float32":
                     return call
-                shape = [int(d.value) for d in dims]
-                m, k = shape
+                # a symbolic row count is judged at 1, as the plan binds symbolic dims (default 1)
+                m = int(dims[0].value) if hasattr(dims[0], "value") else 1
+                k = int(dims[1].value)
                 n = int(w.value.shape[1])
                 if not force and not int8_weight_wins(hw, m, k, n):
                     return call
