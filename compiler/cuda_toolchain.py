@@ -129,6 +129,11 @@ def cuda_source(executable) -> str:
 
 def ptx_of(source: str, arch: str) -> str:
     """Compile CUDA C to PTX with nvcc (to inspect which instructions the kernels use)."""
-    from tvm.support import nvcc
-
-    return nvcc.compile_cuda(source, target_format="ptx", arch=arch, compiler="nvcc").decode()
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, ptx = Path(tmp) / "k.cu", Path(tmp) / "k.ptx"
+        cu.write_text(source)
+        r = subprocess.run(["nvcc", "--ptx", f"-arch={arch}", "-o", str(ptx), str(cu)],
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise BuildError(f"nvcc --ptx failed: {r.stderr.strip()[-300:]}")
+        return ptx.read_text()
