@@ -100,7 +100,12 @@ def _parse_dims(items) -> dict[str, int]:
 @click.option("--rtol", type=float, default=1e-3, show_default=True)
 @click.option("--dim", "dims", multiple=True, metavar="NAME=N",
               help="Value of a symbolic dim for --verify (default 1).")
-def compile(model, target, output, shapes, verify, atol, rtol, dims):
+@click.option("--precision", "-p", default="auto", show_default=True,
+              type=click.Choice(["auto", "fp32", "fp16", "bf16", "int8"]),
+              help="auto: the plan picks per target ('tvmopt plan' shows why).")
+@click.option("--max-error", type=float, default=None,
+              help="Fail when a non-fp32 build's max abs error vs the fp32 build exceeds this.")
+def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, max_error):
     """Compile MODEL.onnx into a deployable artifact folder."""
     from .compile import CompileOptions, compile_model
     from .report import print_compile_result
@@ -108,7 +113,7 @@ def compile(model, target, output, shapes, verify, atol, rtol, dims):
 
     opts = CompileOptions(model=model or _default_model(), target=target, output=output,
                           shapes=list(shapes), verify=verify, tolerance=Tolerance(atol, rtol),
-                          verify_dims=_parse_dims(dims))
+                          verify_dims=_parse_dims(dims), precision=precision, max_error=max_error)
     result = compile_model(opts)
     print_compile_result(result)
 
@@ -196,6 +201,7 @@ def demo(target, output, runs):
 
 
 from . import cli_bench  # noqa: E402,F401
+from . import cli_plan  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()

@@ -36,6 +36,9 @@ class CompileOptions:
     tolerance: Tolerance = field(default_factory=Tolerance)
     verify_dims: dict[str, int] = field(default_factory=dict)
     save_temps: str | None = None
+    # issue 5 (precision): "auto" or a precision from tvmopt.plan.CHOICES; max error vs fp32 build
+    precision: str = "auto"
+    max_error: float | None = None
 
     def __post_init__(self):
         if isinstance(self.shapes, (list, tuple)):
@@ -90,6 +93,13 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
 
     target = hw.to_tvm()
     cfg = pipeline.PipelineConfig()
+    # --- issue 5: hardware-aware precision (plan -> passes -> manifest) -------------------------
+    from .hw_compile import accuracy_report, cross_cc, plan_and_passes, precision_manifest
+
+    t_plan = time.perf_counter()
+    plan, cfg.precision_passes = plan_and_passes(opts, hw, model, log)
+    timings["plan_s"] = time.perf_counter() - t_plan
+    # ---------------------------------------------------------------------------------------------
     t1 = time.perf_counter()
     ex = pipeline.build(imported.mod, target, hw.device, cfg, dump=_dumper(opts.save_temps))
     timings["build_s"] = time.perf_counter() - t1
@@ -104,12 +114,22 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         "outputs": [o.to_json() for o in imported.outputs],
         "shape_overrides": {k: list(v) for k, v in opts.shapes.items()},
         "passes": pipeline.pass_names(hw.device, target, cfg),
-        "precision": {"default": "fp32", "decisions": []},
+        "precision": precision_manifest(plan),
         "tuning": {"database": None},
     }
+    manifest["plan"] = plan.to_json()
+    extra = {}
+    if hw.device == "cuda":
+        from .cuda_toolchain import cuda_source
+
+        extra["kernels.cu"] = cuda_source(ex).encode()
     t2 = time.perf_counter()
-    art = write_artifact(opts.output, ex, manifest)
+    art = write_artifact(opts.output, ex, manifest, extra_files=extra, cc=cross_cc(hw))
     timings["export_s"] = time.perf_counter() - t2
+    if plan.precision != "fp32" or any(k.integer_matmul for k in plan.kernels):
+        t3 = time.perf_counter()
+        accuracy_report(art, imported, cfg, hw, opts, log)
+        timings["accuracy_s"] = time.perf_counter() - t3
     result = CompileResult(art, timings)
     if opts.verify:
         result.verification = verify_artifact(art.path, opts.model, opts.tolerance, opts.verify_dims)

@@ -148,7 +148,8 @@ def build(mod, target, device: str, cfg: PipelineConfig | None = None,
         raise BuildError(f"optimization failed: {_last_line(err)}") from err
     lower = tvm.transform.Sequential(dict(phases(device))["lower"](target, cfg), name="tvmopt.lower")
     try:
-        return tvm.compile(mod, target=target, relax_pipeline=lower)
+        with target:  # TVM's nvcc/nvrtc callback reads the CUDA arch from the current target
+            return tvm.compile(mod, target=target, relax_pipeline=lower)
     except Exception as err:
         raise BuildError(f"code generation for {target.kind.name} failed: {_last_line(err)}") from err
 

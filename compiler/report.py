@@ -80,13 +80,22 @@ def print_latency_summary(rows: list[dict]) -> None:
     console.print(t)
 
 
+def _peak_cell(t, dtype: str) -> str:
+    v = t.peak_gflops_total(dtype)
+    return "-" if v is None else _si(v * 1e9)
+
+
 def print_targets(targets) -> None:
-    t = Table(show_edge=False)
-    for col in ("name", "aliases", "device", "arch", "description"):
+    t = Table(show_edge=False, title="peaks are whole-device (CPU: per-core peak x reference cores)")
+    for col in ("name", "aliases", "device", "arch", "fp32 FLOP/s", "fp16", "bf16", "int8 OP/s",
+                "fp8", "mem GB/s", "fast int8 instr"):
         t.add_column(col)
     for x in targets:
-        t.add_row(x.name, ", ".join(x.aliases), x.device, x.arch, x.description)
-    t.add_row("host", "", "cpu", "", "this machine (detected)")
+        bw = x.bandwidth_gbs()
+        t.add_row(x.name, ", ".join(x.aliases), x.device, x.arch,
+                  *(_peak_cell(x, d) for d in ("fp32", "fp16", "bf16", "int8", "fp8")),
+                  f"{bw:g}" if bw else "-", (x.fast_instructions("int8") or ("-",))[0])
+    t.add_row("host", "", "cpu", "(detected)", "", "", "", "", "", "", "")
     console.print(t)
 
 
@@ -97,5 +106,34 @@ def print_target(t) -> None:
     for title, table in (("peak", t.peak_gflops), ("memory", t.memory), ("compute", t.compute)):
         for k, v in table.items():
             console.print(f"  {title}.{k} = {v.value:g} {v.unit}  [dim]({v.source})[/]")
+    for d in ("fp32", "fp16", "bf16", "int8", "fp8"):
+        v = t.peak_gflops_total(d)
+        if v is not None and t.device == "cpu":
+            console.print(f"  whole-device {d}: {_si(v * 1e9)}OP/s ({t.cores()} cores)")
     for k, v in t.instructions.items():
-        console.print(f"  instructions.{k}: {', '.join(v)}")
+        console.print(f"  instructions.{k}: {', '.join(v) or 'none (no fast path)'}")
+    if t.precision:
+        console.print(f"  precision: {t.precision}")
+
+
+def print_plan(p, model: str) -> None:
+    dims = ", ".join(f"{k}={v}" for k, v in p.dims.items())
+    console.print(f"[bold]plan[/] {escape(str(model))} on [bold]{p.target}[/] ({p.device})"
+                  + (f", dims {dims}" if dims else "") + f": precision {p.requested} -> "
+                  f"[bold]{p.precision}[/]")
+    console.print("  ridge point (FLOP/B): " + ", ".join(f"{k} {v:.1f}" for k, v in p.ridge.items()))
+    t = Table(show_edge=False)
+    for col in ("kernel", "ops", "FLOPs", "bytes", "FLOP/B", "bound", "precision", "pred us", "why"):
+        t.add_column(col, justify="right" if col in ("FLOPs", "bytes", "FLOP/B", "pred us") else "left")
+    for k in p.kernels:
+        ai = "inf" if k.intensity == float("inf") else f"{k.intensity:.2f}"
+        t.add_row(escape(k.name[:32]), escape(",".join(k.ops)[:28]), _si(k.flops), _si(k.bytes, "B"),
+                  ai, k.bound, k.precision, f"{k.time_us:.3f}", escape(k.why))
+    console.print(t)
+    console.print(f"  kernels: {p.kernels_before_fusion} before fusion -> {p.kernels_after_fusion} "
+                  f"after; predicted latency {p.predicted_ms:.4f} ms (fp32 {p.predicted_fp32_ms:.4f} ms; "
+                  "roofline only: no launch or framework overhead)")
+    console.print("  weight bytes: " + ", ".join(f"{k} {_si(v, 'B')}" for k, v in p.weight_bytes.items()))
+    for d in p.decisions:
+        colour = {"chosen": "green", "refused": "yellow", "downgraded": "red"}.get(d.action, "")
+        console.print(f"  [{colour}]{d.precision} {d.action}[/]: {escape(d.reason)}")

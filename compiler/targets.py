@@ -23,6 +23,11 @@ _TOP_KEYS = {
     "peak_gflops", "memory", "compute", "instructions", "precision", "notes",
 }
 _DEVICES = {"cpu", "cuda"}
+# Dtypes a peak or instruction list may be given for; "int8" counts integer ops (GOP/s).
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8", "fp64")
+# Precision schemes the planner knows (see tvmopt.precision): int8_weight = weight-only int8.
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8_weight")
+_PRECISION_KEYS = {"auto_order", "int8_compute_path"}
 
 
 @dataclass(frozen=True)
@@ -67,11 +72,39 @@ class HardwareTarget:
     path: str = ""
 
     def tvm_dict(self) -> dict[str, Any]:
-        """The TVM target dict, with `num-cores` filled from this host for CPU targets."""
+        """The TVM target dict, with `num-cores` filled in for CPU targets."""
         d = dict(self.tvm)
         if self.device == "cpu" and "num-cores" not in d:
-            d["num-cores"] = os.cpu_count() or 1
+            # built here to run here: this host's cores; cross-compiled: the reference machine's
+            d["num-cores"] = (os.cpu_count() or 1) if self.arch == host_arch() else self.cores()
         return d
+
+    def peak_gflops_total(self, dtype: str) -> float | None:
+        """Peak GFLOP/s (GOP/s for int8) of the whole device for `dtype`, or None if not listed.
+
+        CPU files give per-core peaks; they are multiplied by `compute.cores` (the reference
+        machine's core count). GPU files give whole-device peaks.
+        """
+        p = self.peak_gflops.get(dtype)
+        if p is None:
+            return None
+        if self.device == "cpu":
+            return p.value * self.cores()
+        return p.value
+
+    def cores(self) -> int:
+        """Core count of the reference machine (1 when the file does not say)."""
+        c = self.compute.get("cores")
+        return int(c.value) if c else 1
+
+    def bandwidth_gbs(self) -> float | None:
+        """Main-memory bandwidth in GB/s, or None when the file does not list it."""
+        b = self.memory.get("bandwidth_gbs")
+        return b.value if b else None
+
+    def fast_instructions(self, dtype: str) -> tuple[str, ...]:
+        """The target's fast arithmetic instructions for `dtype` (empty: none)."""
+        return self.instructions.get(dtype, ())
 
     def to_tvm(self):
         """Return a `tvm.target.Target` for this entry."""
@@ -108,8 +141,33 @@ def _sourced_table(path: Path, key: str, table: Any) -> dict[str, Sourced]:
         extra = set(v) - {"value", "source", "unit"}
         if extra:
             raise TargetError(f"{path}: {key}.{k} has unknown keys {sorted(extra)}")
+        if key == "peak_gflops" and k not in DTYPES:
+            raise TargetError(f"{path}: peak_gflops.{k}: unknown dtype (known: {', '.join(DTYPES)})")
         out[k] = Sourced(float(v["value"]), str(v["source"]), str(v.get("unit", "")))
     return out
+
+
+def _check_instructions(path: Path, table: Any) -> None:
+    if not isinstance(table, dict):
+        raise TargetError(f"{path}: [instructions] must be a table")
+    for k, v in table.items():
+        if k not in DTYPES:
+            raise TargetError(f"{path}: instructions.{k}: unknown dtype (known: {', '.join(DTYPES)})")
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise TargetError(f"{path}: instructions.{k} must be a list of instruction names")
+
+
+def _check_precision(path: Path, table: Any) -> None:
+    if not isinstance(table, dict):
+        raise TargetError(f"{path}: [precision] must be a table")
+    unknown = set(table) - _PRECISION_KEYS
+    if unknown:
+        raise TargetError(f"{path}: precision has unknown keys {sorted(unknown)} "
+                          f"(allowed: {sorted(_PRECISION_KEYS)})")
+    bad = [p for p in table.get("auto_order", []) if p not in PRECISIONS]
+    if bad:
+        raise TargetError(f"{path}: precision.auto_order: unknown precisions {bad} "
+                          f"(known: {', '.join(PRECISIONS)})")
 
 
 def parse_target_file(path: Path) -> HardwareTarget:
@@ -130,6 +188,8 @@ def parse_target_file(path: Path) -> HardwareTarget:
             raise TargetError(f"{path}: missing required key '{req}'")
     if raw["device"] not in _DEVICES:
         raise TargetError(f"{path}: device must be one of {sorted(_DEVICES)}")
+    _check_instructions(path, raw.get("instructions", {}))
+    _check_precision(path, raw.get("precision", {}))
     if raw["name"] != path.stem:
         raise TargetError(f"{path}: name '{raw['name']}' must match the file name")
     return HardwareTarget(
@@ -235,13 +295,16 @@ def detect_host() -> HardwareTarget:
     tvm_dict = {"kind": "llvm", "mtriple": triple, "mcpu": codegen.llvm_get_system_cpu(),
                 "num-cores": os.cpu_count() or 1}
     wanted = base.features if base else ()
+    compute = dict(base.compute) if base else {}
+    # The base entry's peaks are per core; this machine's core count replaces the reference's.
+    compute["cores"] = Sourced(float(tvm_dict["num-cores"]), "detected: os.cpu_count()", "cores")
     return HardwareTarget(
         name="host",
         description=f"this machine ({arch}, {tvm_dict['mcpu']}, {tvm_dict['num-cores']} cores)"
         + (f", figures from '{base.name}'" if base else ""),
         device="cpu", arch=arch, tvm=tvm_dict, features=tuple(wanted),
         peak_gflops=base.peak_gflops if base else {}, memory=base.memory if base else {},
-        compute=base.compute if base else {}, instructions=base.instructions if base else {},
+        compute=compute, instructions=base.instructions if base else {},
         precision=base.precision if base else {}, path="<detected>",
     )
 

@@ -1,0 +1,1 @@
+"""Analyses over compiled modules: the roofline cost model (`roofline`)."""

@@ -1,0 +1,80 @@
+"""Plan and precision end to end: quantized model on x86 keeps fp32, ARM weight-only int8,
+accuracy report and --max-error, and `tvmopt plan` on the bundled model for cuda/x86/arm."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from _models_issue5 import mlp, quantized_mlp
+from tvmopt.cli import main
+from tvmopt.compile import CompileOptions, compile_model
+from tvmopt.errors import VerificationError
+from tvmopt.plan import make_plan
+from tvmopt.targets import get_target
+
+
+@pytest.fixture(scope="module")
+def qmodel(tmp_path_factory):
+    return quantized_mlp(tmp_path_factory.mktemp("q"))
+
+
+def test_int8_model_on_avx2_auto_keeps_fp32_and_says_why(qmodel, tmp_path):
+    logs = []
+    res = compile_model(CompileOptions(model=qmodel, target="x86", output=str(tmp_path / "a"),
+                                       verify=True), log=logs.append)
+    prec = res.artifact.manifest["precision"]
+    assert prec["requested"] == "auto" and prec["default"] == "fp32"
+    refusal = [d for d in prec["decisions"] if d["precision"] == "int8"]
+    assert refusal and refusal[0]["action"] == "refused" and "VNNI" in refusal[0]["reason"]
+    assert any("int8: refused" in line and "VNNI" in line for line in logs)  # printed too
+    assert "tvmopt.IntegerMatmulToFP32" in res.artifact.manifest["passes"]["precision"]
+    # fp32 compute of the quantized graph still matches onnxruntime's int8 execution
+    assert res.verification and all(e.mismatched == 0 for e in res.verification)
+    assert res.artifact.manifest["precision"]["accuracy"]["outputs"][0]["max_abs"] < 1e-4
+
+
+def test_arm_plan_picks_weight_only_int8_for_gemv(tmp_path):
+    model = mlp(tmp_path / "m.onnx", din=256, hid=512, dout=64)
+    p = make_plan(model, get_target("arm"))
+    assert p.precision == "int8_weight"
+    mm = [k for k in p.kernels if "matmul" in k.ops]
+    assert mm and all(k.precision == "int8_weight" and k.bound == "memory" for k in mm)
+    assert p.weight_bytes["int8_weight"] < p.weight_bytes["fp32"] / 3
+    assert p.kernels_before_fusion > p.kernels_after_fusion
+    # x86 (AVX2): not in its auto order -> fp32, refusal recorded
+    p = make_plan(model, get_target("x86"))
+    assert p.precision == "fp32" and any(d.action == "refused" for d in p.decisions)
+
+
+def test_explicit_int8_accuracy_report_and_max_error(tmp_path):
+    model = mlp(tmp_path / "m.onnx")
+    res = compile_model(CompileOptions(model=model, target="x86", output=str(tmp_path / "a"),
+                                       precision="int8"), log=lambda s: None)
+    acc = res.artifact.manifest["precision"]["accuracy"]
+    err = acc["outputs"][0]
+    assert res.artifact.manifest["precision"]["default"] == "int8_weight"
+    assert 0 < err["max_abs"] < 0.05 and err["mean_abs"] <= err["max_abs"]
+    with pytest.raises(VerificationError, match="max-error"):
+        compile_model(CompileOptions(model=model, target="x86", output=str(tmp_path / "b"),
+                                     precision="int8", max_error=1e-6), log=lambda s: None)
+
+
+@pytest.mark.parametrize("target,expect", [("x86", "fp32"), ("cuda", "fp16"), ("arm", "int8_weight")])
+def test_plan_cli_on_bundled_model(target, expect):
+    r = CliRunner().invoke(main, ["plan", "--target", target, "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)
+    assert p["precision"] == expect
+    assert p["kernels_before_fusion"] > p["kernels_after_fusion"] == len(p["kernels"])
+    k = p["kernels"][0]
+    assert {"ops", "flops", "bytes", "intensity", "bound", "precision", "why", "time_us"} <= set(k)
+    assert p["predicted_ms"] > 0 and p["weight_bytes"]["fp16"] == p["weight_bytes"]["fp32"] / 2
+    r = CliRunner().invoke(main, ["plan", "--target", target])
+    assert r.exit_code == 0 and "before fusion" in r.output
+
+
+def test_plan_bad_precision_is_one_line():
+    r = CliRunner().invoke(main, ["plan", "--precision", "fp12"])
+    assert r.exit_code != 0 and "fp12" in r.output
