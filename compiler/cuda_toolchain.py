@@ -73,6 +73,21 @@ def _can_dlopen(name: str) -> bool:
         return False
 
 
+def _set_cuda_home() -> None:
+    """TVM looks for CUDA headers beside nvcc (../include); a wrapper script in /usr/local/bin
+    sends it to /usr/local/include. Point CUDA_PATH (what tvm.support.nvcc reads) at a toolkit
+    that has the headers."""
+    if os.environ.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc")
+    candidates = [Path(os.path.realpath(nvcc)).parent.parent] if nvcc else []
+    candidates += [Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
+    for root in candidates:
+        if (root / "include" / "cuda_runtime.h").exists():
+            os.environ["CUDA_PATH"] = str(root)
+            return
+
+
 def enable_cuda_codegen() -> None:
     """Make TVM compile CUDA kernels to a binary (fatbin) in this process.
 
@@ -89,6 +104,7 @@ def enable_cuda_codegen() -> None:
         raise BuildError("CUDA targets need nvcc on PATH (or the cuda-bindings package for NVRTC)")
     if not _has_nvrtc():
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
+    _set_cuda_home()
     if tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is None:
         if not has_cuda_driver():
             ctypes.CDLL(str(_stub_driver()), mode=ctypes.RTLD_GLOBAL)

@@ -48,7 +48,7 @@ def test_symbolic_batch_runs_any_batch(save, tmp_path):
     from tvmopt.runtime import load, random_inputs
 
     path = save(FAMILIES["depthwise_cnn"](), "dw")
-    result = compile_model(CompileOptions(model=str(path), output=str(tmp_path / "a")), log=None)
+    result = compile_model(CompileOptions(model=str(path), output=str(tmp_path / "a")))
     assert result.artifact.manifest["inputs"][0]["shape"] == ["N", 3, 32, 32]
     lm = load(tmp_path / "a")
     for n in (1, 5, 16):
@@ -81,7 +81,7 @@ def test_manifest_records_provenance(save, tmp_path):
     from tvmopt.onnx_model import sha256_file
 
     path = save(FAMILIES["mlp"](), "mlp")
-    compile_model(CompileOptions(model=str(path), output=str(tmp_path / "a")), log=None)
+    compile_model(CompileOptions(model=str(path), output=str(tmp_path / "a")))
     m = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert m["tvmopt_version"] == __version__
     assert m["tvm_version"] == tvm.__version__
