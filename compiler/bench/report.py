@@ -219,8 +219,10 @@ def write_plot(doc: dict, path) -> None:
 
     panels = ["cdf", "sweep"] + (["load"] if doc.get("load") else []) + \
              (["soak"] if doc.get("soak") else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.3))
-    axes = np.atleast_1d(axes)
+    cols = 2 if len(panels) == 4 else len(panels)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.8 * cols, 4.3 * rows))
+    axes = np.atleast_1d(axes).reshape(-1)
     for ax, panel in zip(axes, panels):
         if panel == "cdf":
             # colour = runner, line style = batch: 4 runners x 3 batches stay distinguishable
@@ -287,6 +289,10 @@ def write_plot(doc: dict, path) -> None:
             ax.set_title("soak")
             ax2 = ax.twinx()
             ax2.plot(t, [w["rss_bytes"] / 2**20 for w in sk["windows"]], color="gray", ls="--")
+            ax2.ticklabel_format(axis="y", useOffset=False)  # absolute MB, not "+8.01e2"
+            mb = [w["rss_bytes"] / 2**20 for w in sk["windows"]]
+            # at least +-2% around the data, so kilobytes of jitter do not look like a leak
+            ax2.set_ylim(min(min(mb), np.mean(mb) * 0.98), max(max(mb), np.mean(mb) * 1.02))
             ax2.set_ylabel("RSS (MB)", color="gray")
             ax.legend(fontsize=7)
     fig.tight_layout()

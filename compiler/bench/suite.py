@@ -253,13 +253,17 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
                 except (BaselineUnavailable, TvmoptError) as err:
                     warnings.append(f"{br.name} skipped at batch {b}: {err}")
             log(f"closed loop: batch {b}, {', '.join(r.name for r in runners)}")
-            for res in measure(runners, clock, b, warmup=opts.warmup, runs=opts.runs,
-                               max_seconds=opts.max_seconds):
-                rows.append(res.to_json())
-                if res.steady.noisy:
-                    warnings.append(f"{res.runner} batch {b}: coefficient of variation "
-                                    f"{res.steady.cv:.0%} > 10%: the machine is too noisy to "
-                                    "trust small differences")
+            results = measure(runners, clock, b, warmup=opts.warmup, runs=opts.runs,
+                              max_seconds=opts.max_seconds)
+            rows += [res.to_json() for res in results]
+            if results[0].steady.n < opts.runs:
+                warnings.append(f"batch {b}: --max-seconds {opts.max_seconds:g} reached after "
+                                f"{results[0].steady.n} of {opts.runs} runs per runner")
+        noisy = [f"{r['runner']}@{r['batch']} {r['steady']['cv']:.0%}" for r in rows
+                 if r["steady"]["noisy"]]
+        if noisy:
+            warnings.append("coefficient of variation above 10% (" + ", ".join(noisy) + "): "
+                            "the machine is too noisy to trust small differences")
         _ratios(rows)
         doc["closed_loop"] = rows
 
