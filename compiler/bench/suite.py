@@ -337,8 +337,12 @@ def _load_test(opts, loaded, factory, clock, log, warnings) -> dict:
                         f"queue up to {summary['max_queue_depth']}, mean latency "
                         f"{g['first_third_mean_ms'] or 0:.0f} -> {g['last_third_mean_ms'] or 0:.0f} ms "
                         "first to last third")
+    from .load import parse_burst
+
+    phases = (parse_burst(opts.burst, opts.rate, opts.duration) if opts.load == "burst"
+              else [(opts.duration, opts.rate)])
     return {"kind": opts.load, "rate": opts.rate, "duration_s": opts.duration,
-            "burst": opts.burst, "size_dim": factory.size_dim or "batch items",
+            "burst": opts.burst, "phases": [list(p) for p in phases], "size_dim": factory.size_dim or "batch items",
             "sizes": [asdict(s) for s in sizes], "policy": asdict(policy),
             "summary": summary,
             "timeline": {"arrival_s": res.arrival.tolist(),
