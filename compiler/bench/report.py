@@ -32,7 +32,8 @@ def _ratio(r: dict, key: str) -> str:
 def print_bench(doc: dict) -> None:
     """Print every section present in a bench result document."""
     console.print(f"[bold]tvmopt bench[/] {escape(' '.join(doc['artifacts'].values()))}  "
-                  f"(target {doc['target']}, {doc['device']}, {doc['host']['threads']} threads)")
+                  f"(target {doc['target']}, {doc['device']}; threads: tvmopt "
+                  f"{doc['host'].get('tvm_threads')}, baselines {doc['host']['threads']})")
     for name, st in doc.get("baselines", {}).items():
         console.print(f"  baseline {name}: {escape(st)}")
 
