@@ -24,8 +24,8 @@ def _name_list(ctx, param, value) -> list[str]:
 @main.command()
 @click.argument("path", type=click.Path(), required=False)
 @click.option("--model", type=click.Path(dir_okay=False),
-              help="The .onnx for baselines when PATH is an artifact [default: the manifest's "
-                   "model file beside the artifact].")
+              help="The .onnx for baselines when PATH is an artifact [default: the file whose "
+                   "sha256 the manifest records, beside the artifact or bundled].")
 @click.option("--target", "-t", default="x86", show_default=True,
               help="Compile target when PATH is an .onnx model.")
 @click.option("-o", "--output", type=click.Path(),

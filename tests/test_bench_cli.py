@@ -66,3 +66,35 @@ def test_bench_an_artifact_finds_its_bundled_model_for_baselines(bench_run):
     assert doc["model"].endswith("mobile_cnn.onnx")  # matched by the manifest's sha256
     assert doc["baselines"] == {"ort": "ok", "torch": "ok"}
     assert {r["runner"] for r in doc["closed_loop"]} == {"tvmopt", "onnxruntime", "torch"}
+
+
+def _seq_model(path):
+    """x[batch, seq, 16] @ W -> mean over seq: a model whose second symbolic dim is a length."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((16, 4), np.float32), "W")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("ReduceMean", ["h"], ["y"], axes=[1], keepdims=0)]
+    g = helper.make_graph(nodes, "seq", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["batch", "seq", 16])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["batch", 4])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, path)
+
+
+def test_bench_sizes_map_to_a_sequence_dim(tmp_path):
+    _seq_model(tmp_path / "seq.onnx")
+    res = CliRunner().invoke(main, [
+        "bench", str(tmp_path / "seq.onnx"), "-o", str(tmp_path / "out"), "--runs", "2",
+        "--warmup", "1", "--profile-top", "0", "--no-coldstart", "--load", "poisson",
+        "--rate", "100", "--duration", "0.5", "--sizes", "8:0.5,32:0.5", "--max-batch", "4",
+        "--timeout-ms", "0",
+        "--json", str(tmp_path / "s.json"), "-q"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    ld = json.loads((tmp_path / "s.json").read_text())["load"]
+    assert ld["size_dim"] == "seq"
+    assert set(ld["summary"]["by_size"]) == {"8", "32"}
+    assert ld["summary"]["completed"] == ld["summary"]["requests"]

@@ -220,3 +220,17 @@ def test_drain_horizon_bounds_the_test():
     # batches start at 0, 1 and 2 s; at 3 s the 2.5 s horizon has passed: the rest time out
     assert res.status.count("ok") == 3 and res.status.count("timed_out") == 7
     assert clock.now() == pytest.approx(3.0)
+
+
+def test_real_clock_server_serves_everything_through_the_client_thread():
+    # the threaded path with a real clock: only counts and orderings are checked, no timings
+    from tvmopt.bench.clock import RealClock
+
+    clock = RealClock()
+    fake = FakeRunner(clock, service_s=lambda b, s=None: 0.001)
+    reqs = _reqs(list(np.linspace(0, 0.2, 20)))
+    res = serve(fake, clock, reqs, BatchPolicy(max_batch=4, max_wait_s=0.002, timeout_s=None),
+                drain_s=30)
+    assert res.status == ["ok"] * 20
+    assert sum(b[3] for b in res.batches) == 20
+    assert np.all(res.start >= res.arrival) and np.all(res.finish > res.start)

@@ -80,6 +80,7 @@ def gpu_memory_bytes(device_kind: str) -> int | None:
 def memory_report(sampler: RssSampler, device_kind: str) -> dict:
     """The JSON 'memory' section."""
     return {"rss_start_bytes": sampler.start, "rss_peak_bytes": sampler.peak,
-            "rss_lifetime_peak_bytes": lifetime_peak_rss_bytes(),
+            # ru_maxrss and psutil round differently: keep lifetime >= the sampled peak
+            "rss_lifetime_peak_bytes": max(lifetime_peak_rss_bytes(), sampler.peak),
             "gpu_bytes": gpu_memory_bytes(device_kind),
             "gpu_note": None if device_kind == "cuda" else f"not applicable ({device_kind} artifact)"}

@@ -32,7 +32,8 @@ def _ratio(r: dict, key: str) -> str:
 def print_bench(doc: dict) -> None:
     """Print every section present in a bench result document."""
     console.print(f"[bold]tvmopt bench[/] {escape(' '.join(doc['artifacts'].values()))}  "
-                  f"(target {doc['target']}, {doc['device']}, {doc['host']['threads']} threads)")
+                  f"(target {doc['target']}, {doc['device']}; threads: tvmopt "
+                  f"{doc['host'].get('tvm_threads')}, baselines {doc['host']['threads']})")
     for name, st in doc.get("baselines", {}).items():
         console.print(f"  baseline {name}: {escape(st)}")
 
@@ -207,6 +208,17 @@ def write_csv(doc: dict, path) -> None:
         w.writerows(csv_rows(doc))
 
 
+def _log_if_wide(ax, axis: str, values) -> None:
+    """Log scale only when the data spans more than a decade: inside one decade a log axis
+    has no major tick to label, and minor labels collide."""
+    v = [x for x in values if x and x > 0]
+    if v and max(v) / min(v) > 10:
+        from matplotlib.ticker import NullFormatter
+
+        getattr(ax, f"set_{axis}scale")("log")
+        getattr(ax, f"{axis}axis").set_minor_formatter(NullFormatter())
+
+
 def write_plot(doc: dict, path) -> None:
     """Latency CDF per runner and batch; throughput vs latency over the batch sweep; load-test
     latency over time (with the batch sizes formed), or the soak windows."""
@@ -215,12 +227,14 @@ def write_plot(doc: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-    from matplotlib.ticker import NullFormatter
 
-    panels = ["cdf", "sweep"] + (["load"] if doc.get("load") else []) + \
+    sweep = len({r["batch"] for r in doc["closed_loop"]}) > 1  # one point is not a curve
+    panels = ["cdf"] + (["sweep"] if sweep else []) + (["load"] if doc.get("load") else []) + \
              (["soak"] if doc.get("soak") else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.3))
-    axes = np.atleast_1d(axes)
+    cols = 2 if len(panels) == 4 else len(panels)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.8 * cols, 4.3 * rows))
+    axes = np.atleast_1d(axes).reshape(-1)
     for ax, panel in zip(axes, panels):
         if panel == "cdf":
             # colour = runner, line style = batch: 4 runners x 3 batches stay distinguishable
@@ -233,9 +247,8 @@ def write_plot(doc: dict, path) -> None:
                         color=f"C{names.index(r['runner']) % 10}",
                         ls=styles[batches.index(r["batch"]) % len(styles)],
                         label=f"{r['runner']} b{r['batch']}")
-            ax.set_xscale("log")
-            ax.xaxis.set_minor_formatter(NullFormatter())  # labels collide on narrow ranges
-            ax.set_xlabel("latency per call (ms, log)")
+            _log_if_wide(ax, "x", [v for r in doc["closed_loop"] for v in r["samples_ms"]])
+            ax.set_xlabel("latency per call (ms)")
             ax.set_ylabel("fraction of calls")
             ax.set_title("closed-loop latency CDF")
             ax.legend(fontsize=7)
@@ -249,12 +262,10 @@ def write_plot(doc: dict, path) -> None:
                 for r, x, y in zip(rs, xs, ys):
                     ax.annotate(f"b{r['batch']}", (x, y), fontsize=7, xytext=(3, 3),
                                 textcoords="offset points")
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.yaxis.set_minor_formatter(NullFormatter())
-            ax.set_xlabel("P50 latency per batch (ms, log)")
-            ax.set_ylabel("throughput (samples/s, log)")
+            _log_if_wide(ax, "x", [r["steady"]["p50_ms"] for r in doc["closed_loop"]])
+            _log_if_wide(ax, "y", [r["steady"]["throughput"] for r in doc["closed_loop"]])
+            ax.set_xlabel("P50 latency per batch (ms)")
+            ax.set_ylabel("throughput (samples/s)")
             ax.set_title("throughput vs latency (batch sweep)")
             ax.legend(fontsize=7)
         elif panel == "load":
@@ -269,6 +280,13 @@ def write_plot(doc: dict, path) -> None:
                 top = np.nanmax(lat) if np.isfinite(lat).any() else 1.0
                 ax.scatter(a[bad], np.full(bad.sum(), top), s=6, marker="x", color="red",
                            label="dropped / timed out")
+            t0 = 0.0
+            for k, (secs, rate) in enumerate(ld.get("phases") or []):
+                if len(ld["phases"]) > 1:  # shade burst phases, labelled with their rate
+                    ax.axvspan(t0, t0 + secs, color="orange", alpha=0.06 + 0.08 * (k % 2), lw=0)
+                    ax.text(t0 + secs / 2, 0.02, f"{rate:g}/s", transform=ax.get_xaxis_transform(),
+                            ha="center", va="bottom", fontsize=8, color="darkorange")
+                t0 += secs
             ax.set_xlabel("arrival time (s)")
             ax.set_ylabel("end-to-end latency (ms)")
             ax.set_title(f"load: {ld['kind']} {ld['rate']:g}/s, max batch {ld['policy']['max_batch']}")
@@ -287,6 +305,10 @@ def write_plot(doc: dict, path) -> None:
             ax.set_title("soak")
             ax2 = ax.twinx()
             ax2.plot(t, [w["rss_bytes"] / 2**20 for w in sk["windows"]], color="gray", ls="--")
+            ax2.ticklabel_format(axis="y", useOffset=False)  # absolute MB, not "+8.01e2"
+            mb = [w["rss_bytes"] / 2**20 for w in sk["windows"]]
+            # at least +-2% around the data, so kilobytes of jitter do not look like a leak
+            ax2.set_ylim(min(min(mb), np.mean(mb) * 0.98), max(max(mb), np.mean(mb) * 1.02))
             ax2.set_ylabel("RSS (MB)", color="gray")
             ax.legend(fontsize=7)
     fig.tight_layout()

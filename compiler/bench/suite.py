@@ -208,6 +208,10 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
     from .memory import RssSampler, memory_report
     from .runner import ArtifactRunner, InputFactory
 
+    # Same thread count for every runtime: TVM's CPU pool defaults to half the logical cores
+    # (it assumes hyper-threads), 1 of 2 here, while onnxruntime and torch get `threads`. The
+    # pool reads this when it starts, so it must be set before anything runs a kernel.
+    os.environ.setdefault("TVM_NUM_THREADS", str(opts.threads))
     arts, model = resolve_artifacts(opts, log)
     loaded = {b: load(p) for b, p in arts.items()}
     first = next(iter(loaded.values()))
@@ -218,7 +222,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
     warnings: list[str] = []
     doc = {"schema": SCHEMA, "versions": _versions(opts.baselines),
            "host": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "threads": opts.threads},
+                    "threads": opts.threads, "tvm_threads": _tvm_threads()},
            "artifacts": {("any" if b is None else str(b)): str(p) for b, p in arts.items()},
            "model": model, "target": first.artifact.manifest["target"]["name"],
            "device": first.artifact.manifest["target"]["device"],
@@ -236,6 +240,10 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
         from ..onnx_model import graph_inputs, load_onnx
 
         base_factory = InputFactory(graph_inputs(load_onnx(model)), seed=opts.seed)
+    if doc["device"] == "cpu" and doc["host"]["tvm_threads"] != opts.threads:
+        warnings.append(f"TVM's thread pool runs {doc['host']['tvm_threads']} threads, the "
+                        f"baselines {opts.threads} (TVM_NUM_THREADS is "
+                        f"{os.environ.get('TVM_NUM_THREADS')!r}, or the pool started earlier)")
     base_runners, doc["baselines"] = _make_baselines(opts, model, base_factory, log)
     for name, st in doc["baselines"].items():
         if st != "ok":
@@ -253,13 +261,17 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
                 except (BaselineUnavailable, TvmoptError) as err:
                     warnings.append(f"{br.name} skipped at batch {b}: {err}")
             log(f"closed loop: batch {b}, {', '.join(r.name for r in runners)}")
-            for res in measure(runners, clock, b, warmup=opts.warmup, runs=opts.runs,
-                               max_seconds=opts.max_seconds):
-                rows.append(res.to_json())
-                if res.steady.noisy:
-                    warnings.append(f"{res.runner} batch {b}: coefficient of variation "
-                                    f"{res.steady.cv:.0%} > 10%: the machine is too noisy to "
-                                    "trust small differences")
+            results = measure(runners, clock, b, warmup=opts.warmup, runs=opts.runs,
+                              max_seconds=opts.max_seconds)
+            rows += [res.to_json() for res in results]
+            if results[0].steady.n < opts.runs:
+                warnings.append(f"batch {b}: --max-seconds {opts.max_seconds:g} reached after "
+                                f"{results[0].steady.n} of {opts.runs} runs per runner")
+        noisy = [f"{r['runner']}@{r['batch']} {r['steady']['cv']:.0%}" for r in rows
+                 if r["steady"]["noisy"]]
+        if noisy:
+            warnings.append("coefficient of variation above 10% (" + ", ".join(noisy) + "): "
+                            "the machine is too noisy to trust small differences")
         _ratios(rows)
         doc["closed_loop"] = rows
 
@@ -333,8 +345,12 @@ def _load_test(opts, loaded, factory, clock, log, warnings) -> dict:
                         f"queue up to {summary['max_queue_depth']}, mean latency "
                         f"{g['first_third_mean_ms'] or 0:.0f} -> {g['last_third_mean_ms'] or 0:.0f} ms "
                         "first to last third")
+    from .load import parse_burst
+
+    phases = (parse_burst(opts.burst, opts.rate, opts.duration) if opts.load == "burst"
+              else [(opts.duration, opts.rate)])
     return {"kind": opts.load, "rate": opts.rate, "duration_s": opts.duration,
-            "burst": opts.burst, "size_dim": factory.size_dim or "batch items",
+            "burst": opts.burst, "phases": [list(p) for p in phases], "size_dim": factory.size_dim or "batch items",
             "sizes": [asdict(s) for s in sizes], "policy": asdict(policy),
             "summary": summary,
             "timeline": {"arrival_s": res.arrival.tolist(),
@@ -342,6 +358,13 @@ def _load_test(opts, loaded, factory, clock, log, warnings) -> dict:
                          "status": res.status,
                          "batches": [list(b) for b in res.batches],
                          "queue_depth": [list(d) for d in res.depth]}}
+
+
+def _tvm_threads() -> int | None:
+    import tvm
+
+    f = tvm.get_global_func("runtime.NumThreads", allow_missing=True)
+    return int(f()) if f is not None else None
 
 
 def _versions(baselines) -> dict:
