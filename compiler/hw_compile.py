@@ -22,6 +22,7 @@ def plan_and_passes(opts, hw: HardwareTarget, model, log=print):
     from .plan import make_plan
     from .precision import passes_for
 
+    cross_cc(hw)  # a missing cross compiler fails now, not after the build
     if hw.device == "cuda":
         from .cuda_toolchain import enable_cuda_codegen
 

@@ -306,7 +306,7 @@ def analyze_module(fused_mod, ops_by_kernel: dict[str, list[str]]) -> list[Kerne
                     if len(buf.shape) == 2 and str(buf.dtype) == "float32":
                         const_2d_float += 1
         ops = ops_by_kernel.get(gv.name_hint, [gv.name_hint])
-        flops = float(estimate_tir_flops(tvm_mod_of(func, gv.name_hint)))
+        flops = float(estimate_tir_flops(_tvm_mod_of(func, gv.name_hint)))
         is_mm = any(o.startswith("matmul") for o in ops)
         integer = is_mm and any(d.startswith(("int", "uint")) for d in in_dtypes)
         out.append(KernelPlan(gv.name_hint, ops, flops, total, weight, floats, integer,
@@ -314,7 +314,7 @@ def analyze_module(fused_mod, ops_by_kernel: dict[str, list[str]]) -> list[Kerne
     return out
 
 
-def tvm_mod_of(func, name):
+def _tvm_mod_of(func, name):
     import tvm
 
     return tvm.IRModule({name: func})
