@@ -24,6 +24,9 @@ from .targets import HardwareTarget
 CHOICES = ("auto", "fp32", "fp16", "bf16", "int8")
 # Ops whose arithmetic runs on the target's matrix units (tensor cores, dot-product instructions).
 _MATRIX_OPS = ("matmul", "conv", "dense", "batch_matmul")
+# On CUDA only matmuls get tensor cores from dlight (its Matmul rule); conv2d kernels do not (seen
+# on the bundled CNNs), so the plan prices them at the fp32 peak with fp16 bytes.
+_TENSOR_CORE_OPS = ("matmul", "dense", "batch_matmul")
 # Weight-only int8 converts each weight element to fp32 inside the inner loop: one extra op per
 # multiply-add, so 1.5x the FLOPs of the fp32 kernel (the dequantization overhead).
 INT8_WEIGHT_FLOP_FACTOR = 1.5
@@ -51,6 +54,10 @@ class KernelPlan:
     @property
     def is_matrix(self) -> bool:
         return any(op.startswith(m) for op in self.ops for m in _MATRIX_OPS)
+
+    @property
+    def is_tensor_core_matmul(self) -> bool:
+        return any(op.startswith(m) for op in self.ops for m in _TENSOR_CORE_OPS)
 
 
 @dataclass
@@ -102,11 +109,12 @@ def roof_for(hw: HardwareTarget, dtype: str) -> Roof | None:
     return Roof(peak, bw)
 
 
-def kernel_cost(k: KernelPlan, precision: str) -> tuple[float, float, str]:
-    """(flops, bytes, dtype whose peak applies) of kernel `k` run at `precision`."""
+def kernel_cost(k: KernelPlan, precision: str, device: str = "cpu") -> tuple[float, float, str]:
+    """(flops, bytes, dtype whose peak applies) of kernel `k` run at `precision` on `device`."""
     if precision in ("fp16", "bf16"):
         nbytes = k.bytes - k.float_bytes / 2
-        return k.flops, nbytes, precision if k.is_matrix else "fp32"
+        fast = k.is_tensor_core_matmul if device == "cuda" else k.is_matrix
+        return k.flops, nbytes, precision if fast else "fp32"
     if precision == "int8_weight" and k.int8_weight_ok:
         # int8 weights plus one fp32 scale per output column (~1/K of the weight: ignored)
         nbytes = k.bytes - k.weight_bytes * 3 / 4
@@ -117,7 +125,7 @@ def kernel_cost(k: KernelPlan, precision: str) -> tuple[float, float, str]:
 
 
 def kernel_verdict(hw: HardwareTarget, k: KernelPlan, precision: str) -> Verdict:
-    flops, nbytes, dtype = kernel_cost(k, precision)
+    flops, nbytes, dtype = kernel_cost(k, precision, hw.device)
     roof = roof_for(hw, dtype) or roof_for(hw, "fp32")
     if roof is None:
         raise TargetError(f"target '{hw.name}' lists no fp32 peak or memory bandwidth; "
@@ -208,7 +216,7 @@ def decide(hw: HardwareTarget, kernels: list[KernelPlan], requested: str) -> tup
         else:
             model_prec = prec
             set_all(prec, f"{prec} inputs, fp32 accumulation (ToMixedPrecision)"
-                    + ("; matmul/conv on tensor cores" if hw.device == "cuda" else ""))
+                    + ("; matmuls on tensor cores" if hw.device == "cuda" else ""))
             decisions.append(Decision(prec, "chosen", f"predicted {total * 1e3:.4f} ms vs fp32 "
                                       f"{fp32_total * 1e3:.4f} ms"))
             break
