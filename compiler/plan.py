@@ -56,6 +56,11 @@ class KernelPlan:
         return any(op.startswith(m) for op in self.ops for m in _MATRIX_OPS)
 
     @property
+    def fake_quant(self) -> bool:
+        """Holds QDQ (QuantizeLinear/DequantizeLinear) ops: a QDQ model's fake quantization."""
+        return any(op.startswith(("quantize", "dequantize")) for op in self.ops)
+
+    @property
     def is_tensor_core_matmul(self) -> bool:
         return any(op.startswith(m) for op in self.ops for m in _TENSOR_CORE_OPS)
 
@@ -196,6 +201,17 @@ def decide(hw: HardwareTarget, kernels: list[KernelPlan], requested: str) -> tup
             for k in kernels:
                 if k.integer_matmul:
                     k.why = decisions[-1].reason
+        return model_prec, decisions
+
+    if any(k.fake_quant for k in kernels):
+        # QDQ models: Q/DQ pairs import as fake quantization around fp32 ops, matching onnxruntime.
+        dot = ", ".join(hw.fast_instructions("int8")) or "no int8 dot-product instructions"
+        decisions.append(Decision("int8", "refused", f"QDQ model: tvmopt computes it in fp32 with "
+                                  f"the quantize/dequantize steps kept (outputs match onnxruntime); "
+                                  f"{hw.name} has {dot}, and tvmopt has no int8 lowering of QDQ"))
+        for k in kernels:
+            if k.fake_quant:
+                k.why = "QDQ fake quantization in fp32"
         return model_prec, decisions
 
     # Float models: mixed precision (fp16/bf16) for the whole graph, or weight-only int8 per kernel.

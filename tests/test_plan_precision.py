@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from _models_issue5 import mlp, quantized_mlp
+from _models_issue5 import mlp, qdq_mlp, quantized_mlp
 from tvmopt.cli import main
 from tvmopt.compile import CompileOptions, compile_model
 from tvmopt.errors import VerificationError
@@ -33,6 +33,16 @@ def test_int8_model_on_avx2_auto_keeps_fp32_and_says_why(qmodel, tmp_path):
     # fp32 compute of the quantized graph still matches onnxruntime's int8 execution
     assert res.verification and all(e.mismatched == 0 for e in res.verification)
     assert res.artifact.manifest["precision"]["accuracy"]["outputs"][0]["max_abs"] < 1e-4
+
+
+def test_qdq_model_compiles_and_matches_onnxruntime(tmp_path):
+    model = qdq_mlp(tmp_path)
+    res = compile_model(CompileOptions(model=model, target="x86", output=str(tmp_path / "a"),
+                                       verify=True), log=lambda s: None)
+    assert all(e.mismatched == 0 for e in res.verification)
+    prec = res.artifact.manifest["precision"]
+    assert prec["default"] == "fp32"
+    assert any("QDQ" in d["reason"] and d["action"] == "refused" for d in prec["decisions"])
 
 
 def test_arm_plan_picks_weight_only_int8_for_gemv(tmp_path):
