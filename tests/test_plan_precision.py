@@ -88,3 +88,13 @@ def test_plan_cli_on_bundled_model(target, expect):
 def test_plan_bad_precision_is_one_line():
     r = CliRunner().invoke(main, ["plan", "--precision", "fp12"])
     assert r.exit_code != 0 and "fp12" in r.output
+
+
+def test_compile_cli_prints_a_downgrade(tmp_path):
+    model = mlp(tmp_path / "m.onnx")
+    r = CliRunner().invoke(main, ["compile", model, "-t", "x86", "-p", "fp16", "-o",
+                                  str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert "precision fp16: downgraded" in r.output and "no fast fp16" in r.output
+    m = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert m["precision"]["requested"] == "fp16" and m["precision"]["default"] == "fp32"
