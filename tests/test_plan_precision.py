@@ -98,3 +98,25 @@ def test_compile_cli_prints_a_downgrade(tmp_path):
     assert "precision fp16: downgraded" in r.output and "no fast fp16" in r.output
     m = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert m["precision"]["requested"] == "fp16" and m["precision"]["default"] == "fp32"
+
+
+def test_fp16_rewrite_matches_fp32_within_tolerance(tmp_path):
+    """The CUDA fp16 rewrite, built for the host CPU (how compile measures its accuracy)."""
+    import onnx
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.frontend import import_onnx
+    from tvmopt.precision import fp16_pass
+
+    model = mlp(tmp_path / "m.onnx", batch=8)
+    mod = import_onnx(onnx.load(model)).mod
+    x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    outs = []
+    for passes in ([fp16_pass()], []):
+        ex = pipeline.build(mod, get_target("x86").to_tvm(), "cpu",
+                            pipeline.PipelineConfig(precision_passes=passes))
+        outs.append(relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy())
+    err = np.abs(outs[0] - outs[1]).max()
+    assert 0 < err < 1e-2 * max(1.0, np.abs(outs[1]).max())  # fp16 rounding, not a no-op
