@@ -184,10 +184,14 @@ def decide(hw: HardwareTarget, kernels: list[KernelPlan], requested: str) -> tup
                       f"(needs e.g. VNNI vpdpbusd / Arm sdot); integer matmuls would run as plain "
                       "int32 multiply-adds, so they are computed in fp32 (weights dequantized offline)")
             decisions.append(Decision("int8", "downgraded" if requested == "int8" else "refused", reason))
-        elif hw.precision.get("int8_compute_path") is False:
-            reason = (f"{hw.name} has {', '.join(hw.fast_instructions('int8'))}, but tvmopt's default "
-                      "pipeline has no schedule that tensorizes them; integer matmuls run in fp32")
-            decisions.append(Decision("int8", "refused", reason))
+        elif not hw.precision.get("int8_compute_path", False):
+            # No target enables this yet: TVM's MatMulInteger import widens int8 to int32 before
+            # the matmul, and no default schedule tensorizes int8 dot products, so the fast
+            # instructions would not be used.
+            reason = (f"{hw.name} has {', '.join(hw.fast_instructions('int8'))}, but TVM's "
+                      "MatMulInteger import widens int8 to int32 and tvmopt's pipeline has no schedule "
+                      "that tensorizes int8 dot products; integer matmuls run in fp32")
+            decisions.append(Decision("int8", "downgraded" if requested == "int8" else "refused", reason))
         elif requested == "auto" and int_total > fp32_total:
             decisions.append(Decision("int8", "refused", f"predicted slower than fp32 "
                                       f"({int_total * 1e3:.3f} ms vs {fp32_total * 1e3:.3f} ms)"))
