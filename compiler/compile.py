@@ -94,7 +94,8 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     target = hw.to_tvm()
     cfg = pipeline.PipelineConfig()
     # --- issue 5: hardware-aware precision (plan -> passes -> manifest) -------------------------
-    from .hw_compile import accuracy_report, cross_cc, plan_and_passes, precision_manifest
+    from .hw_compile import (accuracy_report, cross_cc, plan_and_passes, precision_manifest,
+                             schedule_fallbacks, cuda_report)
 
     t_plan = time.perf_counter()
     plan, cfg.precision_passes = plan_and_passes(opts, hw, model, log)
@@ -118,11 +119,10 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         "tuning": {"database": None},
     }
     manifest["plan"] = plan.to_json()
+    manifest["schedule_fallbacks"] = schedule_fallbacks(log)
     extra = {}
     if hw.device == "cuda":
-        from .cuda_toolchain import cuda_source
-
-        extra["kernels.cu"] = cuda_source(ex).encode()
+        extra["kernels.cu"], manifest["cuda"] = cuda_report(ex, hw, plan, log)
     t2 = time.perf_counter()
     art = write_artifact(opts.output, ex, manifest, extra_files=extra, cc=cross_cc(hw))
     timings["export_s"] = time.perf_counter() - t2

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -153,3 +154,17 @@ def ptx_of(source: str, arch: str) -> str:
         if r.returncode:
             raise BuildError(f"nvcc --ptx failed: {r.stderr.strip()[-300:]}")
         return ptx.read_text()
+
+
+def tensor_core_kernels(source: str) -> tuple[list[str], list[str]]:
+    """(kernels whose body uses tensor-core MMA, all kernels) in generated CUDA C."""
+    names, with_tc = [], []
+    chunks = re.split(r"(?=extern \"C\" __global__|__global__ void)", source)
+    for chunk in chunks:
+        m = re.search(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)", chunk)
+        if not m:
+            continue
+        names.append(m.group(1))
+        if "mma_sync" in chunk or "mma.sync" in chunk or "wgmma" in chunk:
+            with_tc.append(m.group(1))
+    return with_tc, names

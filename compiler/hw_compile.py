@@ -6,6 +6,7 @@ Kept out of compile.py so that file only gains one call per step.
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import numpy as np
@@ -21,10 +22,14 @@ def plan_and_passes(opts, hw: HardwareTarget, model, log=print):
     from .plan import make_plan
     from .precision import passes_for
 
+    cross_cc(hw)  # a missing cross compiler fails now, not after the build
     if hw.device == "cuda":
         from .cuda_toolchain import enable_cuda_codegen
 
         enable_cuda_codegen()
+    from .schedule_guard import take_fallbacks
+
+    take_fallbacks()  # start this build's record empty
     plan = make_plan(model, hw, opts.precision, dims=opts.verify_dims, shapes=opts.shapes)
     for d in plan.decisions:
         log(f"precision {d.precision}: {d.action}: {d.reason}")
@@ -40,6 +45,38 @@ def precision_manifest(plan) -> dict:
                       for d in plan.decisions],
         "kernels": {k.name: {"precision": k.precision, "why": k.why} for k in plan.kernels},
     }
+
+
+def schedule_fallbacks(log=print) -> list[dict]:
+    """Kernels whose preferred dlight rule failed during this build (printed, for the manifest)."""
+    from .schedule_guard import take_fallbacks
+
+    out = take_fallbacks()
+    for f in out:
+        log(f"schedule: {f['rule']} failed on {f['kernel']} ({f['error']}); "
+            "the kernel uses the next dlight rule (no tensor cores)")
+    return out
+
+
+def cuda_report(executable, hw: HardwareTarget, plan, log=print) -> tuple[bytes, dict]:
+    """The CUDA source for the artifact, and which kernels got tensor-core (MMA) code.
+
+    The plan predicts fp16 matmul/conv time at the tensor-core peak; when dlight gave no kernel
+    a tensor-core schedule that prediction does not hold, and this says so.
+    """
+    from .cuda_toolchain import cuda_source, tensor_core_kernels
+
+    src = cuda_source(executable)
+    with_tc, kernels = tensor_core_kernels(src)
+    info = {"arch": hw.tvm.get("arch"), "compiler": os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc"),
+            "kernels": len(kernels), "tensor_core_kernels": with_tc}
+    log(f"cuda {info['arch']}: {len(kernels)} kernels, {len(with_tc)} with tensor-core MMA")
+    if plan.precision == "fp16" and not with_tc:
+        note = ("fp16 was chosen assuming tensor-core matmul/conv, but no kernel got a tensor-core "
+                "schedule from dlight; fp16 still halves memory traffic")
+        info["note"] = note
+        log(f"warning: {note}")
+    return src.encode(), info
 
 
 def cross_cc(hw: HardwareTarget) -> str | None:
@@ -86,14 +123,19 @@ def accuracy_report(art, imported, cfg, hw: HardwareTarget, opts, log=print) -> 
         per_output.append({"name": info.name, "max_abs": float(d.max(initial=0.0)),
                            "mean_abs": float(d.mean()) if d.size else 0.0,
                            "ref_max_abs": float(np.abs(ref).max(initial=0.0))})
-    report = {"reference": "fp32 build (host llvm)", "measured_on": f"host {host.name} build of "
+    chosen = art.manifest["precision"]["default"]
+    # fp32 chosen for a quantized model: the question is what computing its integer matmuls in
+    # fp32 changes against the integer build as imported
+    reference = ("integer-matmul build as imported (host llvm)" if chosen == "fp32"
+                 else "fp32 build (host llvm)")
+    report = {"reference": reference, "measured_on": f"host {host.name} build of "
               "the same rewritten graph", "precision": art.manifest["precision"]["default"],
               "outputs": per_output, "max_error_limit": opts.max_error}
     prec = art.manifest["precision"]
     prec["accuracy"] = report
     update_manifest(art, precision=prec)
     for o in per_output:
-        log(f"accuracy {report['precision']} vs fp32: {o['name']}: max abs err {o['max_abs']:.3g}, "
+        log(f"accuracy {report['precision']} vs {reference.split(' (')[0]}: {o['name']}: max abs err {o['max_abs']:.3g}, "
             f"mean abs err {o['mean_abs']:.3g} (output magnitude {o['ref_max_abs']:.3g})")
     worst = max((o["max_abs"] for o in per_output), default=0.0)
     if opts.max_error is not None and worst > opts.max_error:

@@ -63,7 +63,9 @@ def _dlight_cpu(target, cfg):
 def _dlight_gpu(target, cfg):
     from tvm.s_tir import dlight as dl
 
-    return [dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+    from .schedule_guard import guarded  # a rule that raises passes the kernel on (recorded)
+
+    return [dl.ApplyDefaultSchedule(guarded(dl.gpu.Matmul()), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                     dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
 
 

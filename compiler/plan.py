@@ -24,6 +24,9 @@ from .targets import HardwareTarget
 CHOICES = ("auto", "fp32", "fp16", "bf16", "int8")
 # Ops whose arithmetic runs on the target's matrix units (tensor cores, dot-product instructions).
 _MATRIX_OPS = ("matmul", "conv", "dense", "batch_matmul")
+# On CUDA only matmuls get tensor cores from dlight (its Matmul rule); conv2d kernels do not (seen
+# on the bundled CNNs), so the plan prices them at the fp32 peak with fp16 bytes.
+_TENSOR_CORE_OPS = ("matmul", "dense", "batch_matmul")
 # Weight-only int8 converts each weight element to fp32 inside the inner loop: one extra op per
 # multiply-add, so 1.5x the FLOPs of the fp32 kernel (the dequantization overhead).
 INT8_WEIGHT_FLOP_FACTOR = 1.5
@@ -51,6 +54,15 @@ class KernelPlan:
     @property
     def is_matrix(self) -> bool:
         return any(op.startswith(m) for op in self.ops for m in _MATRIX_OPS)
+
+    @property
+    def fake_quant(self) -> bool:
+        """Holds QDQ (QuantizeLinear/DequantizeLinear) ops: a QDQ model's fake quantization."""
+        return any(op.startswith(("quantize", "dequantize")) for op in self.ops)
+
+    @property
+    def is_tensor_core_matmul(self) -> bool:
+        return any(op.startswith(m) for op in self.ops for m in _TENSOR_CORE_OPS)
 
 
 @dataclass
@@ -102,11 +114,12 @@ def roof_for(hw: HardwareTarget, dtype: str) -> Roof | None:
     return Roof(peak, bw)
 
 
-def kernel_cost(k: KernelPlan, precision: str) -> tuple[float, float, str]:
-    """(flops, bytes, dtype whose peak applies) of kernel `k` run at `precision`."""
+def kernel_cost(k: KernelPlan, precision: str, device: str = "cpu") -> tuple[float, float, str]:
+    """(flops, bytes, dtype whose peak applies) of kernel `k` run at `precision` on `device`."""
     if precision in ("fp16", "bf16"):
         nbytes = k.bytes - k.float_bytes / 2
-        return k.flops, nbytes, precision if k.is_matrix else "fp32"
+        fast = k.is_tensor_core_matmul if device == "cuda" else k.is_matrix
+        return k.flops, nbytes, precision if fast else "fp32"
     if precision == "int8_weight" and k.int8_weight_ok:
         # int8 weights plus one fp32 scale per output column (~1/K of the weight: ignored)
         nbytes = k.bytes - k.weight_bytes * 3 / 4
@@ -117,7 +130,7 @@ def kernel_cost(k: KernelPlan, precision: str) -> tuple[float, float, str]:
 
 
 def kernel_verdict(hw: HardwareTarget, k: KernelPlan, precision: str) -> Verdict:
-    flops, nbytes, dtype = kernel_cost(k, precision)
+    flops, nbytes, dtype = kernel_cost(k, precision, hw.device)
     roof = roof_for(hw, dtype) or roof_for(hw, "fp32")
     if roof is None:
         raise TargetError(f"target '{hw.name}' lists no fp32 peak or memory bandwidth; "
@@ -171,10 +184,14 @@ def decide(hw: HardwareTarget, kernels: list[KernelPlan], requested: str) -> tup
                       f"(needs e.g. VNNI vpdpbusd / Arm sdot); integer matmuls would run as plain "
                       "int32 multiply-adds, so they are computed in fp32 (weights dequantized offline)")
             decisions.append(Decision("int8", "downgraded" if requested == "int8" else "refused", reason))
-        elif hw.precision.get("int8_compute_path") is False:
-            reason = (f"{hw.name} has {', '.join(hw.fast_instructions('int8'))}, but tvmopt's default "
-                      "pipeline has no schedule that tensorizes them; integer matmuls run in fp32")
-            decisions.append(Decision("int8", "refused", reason))
+        elif not hw.precision.get("int8_compute_path", False):
+            # No target enables this yet: TVM's MatMulInteger import widens int8 to int32 before
+            # the matmul, and no default schedule tensorizes int8 dot products, so the fast
+            # instructions would not be used.
+            reason = (f"{hw.name} has {', '.join(hw.fast_instructions('int8'))}, but TVM's "
+                      "MatMulInteger import widens int8 to int32 and tvmopt's pipeline has no schedule "
+                      "that tensorizes int8 dot products; integer matmuls run in fp32")
+            decisions.append(Decision("int8", "downgraded" if requested == "int8" else "refused", reason))
         elif requested == "auto" and int_total > fp32_total:
             decisions.append(Decision("int8", "refused", f"predicted slower than fp32 "
                                       f"({int_total * 1e3:.3f} ms vs {fp32_total * 1e3:.3f} ms)"))
@@ -188,6 +205,17 @@ def decide(hw: HardwareTarget, kernels: list[KernelPlan], requested: str) -> tup
             for k in kernels:
                 if k.integer_matmul:
                     k.why = decisions[-1].reason
+        return model_prec, decisions
+
+    if any(k.fake_quant for k in kernels):
+        # QDQ models: Q/DQ pairs import as fake quantization around fp32 ops, matching onnxruntime.
+        dot = ", ".join(hw.fast_instructions("int8")) or "no int8 dot-product instructions"
+        decisions.append(Decision("int8", "refused", f"QDQ model: tvmopt computes it in fp32 with "
+                                  f"the quantize/dequantize steps kept (outputs match onnxruntime); "
+                                  f"{hw.name} has {dot}, and tvmopt has no int8 lowering of QDQ"))
+        for k in kernels:
+            if k.fake_quant:
+                k.why = "QDQ fake quantization in fp32"
         return model_prec, decisions
 
     # Float models: mixed precision (fp16/bf16) for the whole graph, or weight-only int8 per kernel.
@@ -208,7 +236,7 @@ def decide(hw: HardwareTarget, kernels: list[KernelPlan], requested: str) -> tup
         else:
             model_prec = prec
             set_all(prec, f"{prec} inputs, fp32 accumulation (ToMixedPrecision)"
-                    + ("; matmul/conv on tensor cores" if hw.device == "cuda" else ""))
+                    + ("; matmuls on tensor cores" if hw.device == "cuda" else ""))
             decisions.append(Decision(prec, "chosen", f"predicted {total * 1e3:.4f} ms vs fp32 "
                                       f"{fp32_total * 1e3:.4f} ms"))
             break
@@ -306,7 +334,7 @@ def analyze_module(fused_mod, ops_by_kernel: dict[str, list[str]]) -> list[Kerne
                     if len(buf.shape) == 2 and str(buf.dtype) == "float32":
                         const_2d_float += 1
         ops = ops_by_kernel.get(gv.name_hint, [gv.name_hint])
-        flops = float(estimate_tir_flops(tvm_mod_of(func, gv.name_hint)))
+        flops = float(estimate_tir_flops(_tvm_mod_of(func, gv.name_hint)))
         is_mm = any(o.startswith("matmul") for o in ops)
         integer = is_mm and any(d.startswith(("int", "uint")) for d in in_dtypes)
         out.append(KernelPlan(gv.name_hint, ops, flops, total, weight, floats, integer,
@@ -314,7 +342,7 @@ def analyze_module(fused_mod, ops_by_kernel: dict[str, list[str]]) -> list[Kerne
     return out
 
 
-def tvm_mod_of(func, name):
+def _tvm_mod_of(func, name):
     import tvm
 
     return tvm.IRModule({name: func})

@@ -24,13 +24,15 @@ def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
-def _int8_matmul_te(x, wq, scale):
+def _int8_matmul_te(x, wq_t, scale):
+    """y[i, j] = scale[j] * sum_k x[i, k] * float(wq_t[j, k]); weights stored [N, K] so each
+    output column reads its int8 weights contiguously."""
     from tvm import te
 
     m, k = x.shape
-    n = wq.shape[1]
+    n = wq_t.shape[0]
     r = te.reduce_axis((0, k), name="k")
-    acc = te.compute((m, n), lambda i, j: te.sum(x[i, r] * wq[r, j].astype("float32"), axis=r),
+    acc = te.compute((m, n), lambda i, j: te.sum(x[i, r] * wq_t[j, r].astype("float32"), axis=r),
                      name="matmul_w8")
     return te.compute((m, n), lambda i, j: acc[i, j] * scale[j], name="dequant_scale")
 
@@ -67,7 +69,8 @@ def int8_weight_pass(hw: HardwareTarget, force: bool = False):
                 if not force and not int8_weight_wins(hw, m, k, n):
                     return call
                 q, scale = quantize_weight(w.value.numpy())
-                return self.builder_.call_te(_int8_matmul_te, x, relax.const(q), relax.const(scale),
+                q_t = np.ascontiguousarray(q.T)
+                return self.builder_.call_te(_int8_matmul_te, x, relax.const(q_t), relax.const(scale),
                                              primfunc_name_hint="matmul_w8")
 
         rw = Rewrite(mod)

@@ -51,6 +51,10 @@ def print_compile_result(result) -> None:
     console.print(f"  outputs: {_sig(art.outputs)}")
     tm = result.timings
     console.print("  time: " + ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in tm.items()))
+    prec = m.get("precision") or {}
+    if prec.get("requested"):
+        console.print(f"  precision: {prec.get('default')} (requested {prec['requested']}; "
+                      "'tvmopt plan' shows the per-kernel reasons)")
     tuning = m.get("tuning") or {}
     if tuning.get("database"):
         console.print(f"  tuning db: {tuning['database']} (hit rate {tuning.get('hit_rate', 0):.0%})")

@@ -319,7 +319,9 @@ def check_host_can_run(device: str, arch: str, features: list[str] | tuple[str, 
         except Exception:
             ok = False
         if not ok:
-            raise TargetError(f"artifact targets a {device} device, and this host has none")
+            raise TargetError(f"artifact targets a {device} device, and this host has none",
+                              hint="run it on a GPU machine, e.g. tools/gpu_check.py ARTIFACT MODEL"
+                              if device == "cuda" else None)
         return
     here = host_arch()
     if arch != here:

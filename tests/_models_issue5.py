@@ -38,3 +38,27 @@ def quantized_mlp(tmp_path) -> str:
     logging.getLogger().setLevel(logging.ERROR)
     quantize_dynamic(src, out, weight_type=QuantType.QInt8)
     return out
+
+
+def qdq_mlp(tmp_path) -> str:
+    """onnxruntime.quantization.quantize_static of `mlp` in QDQ format (int8, seeded calibration)."""
+    import logging
+
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(1)
+            self.it = iter([{"x": rng.standard_normal((4, 64)).astype(np.float32)}
+                            for _ in range(8)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    src = mlp(tmp_path / "mlp4.onnx", batch=4)
+    out = str(tmp_path / "mlp_qdq.onnx")
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_static(src, out, Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    return out

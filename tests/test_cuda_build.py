@@ -62,6 +62,9 @@ def test_cuda_artifact_manifest(cuda_artifacts, target, arch):
     assert any(d["precision"] == "fp16" and d["action"] == "chosen" for d in m["precision"]["decisions"])
     assert m["plan"]["kernels_after_fusion"] == len(m["plan"]["kernels"]) > 0
     assert (art.path / "model.so").stat().st_size > 0 and "kernels.cu" in m["files"]
+    assert m["cuda"]["tensor_core_kernels"]  # the fp16 matmuls got MMA code
+    acc = m["precision"]["accuracy"]["outputs"][0]
+    assert 0 < acc["max_abs"] < 1e-2 * max(1.0, acc["ref_max_abs"])  # fp16 vs the fp32 build
 
 
 @pytest.mark.slow

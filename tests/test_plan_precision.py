@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from _models_issue5 import mlp, quantized_mlp
+from _models_issue5 import mlp, qdq_mlp, quantized_mlp
 from tvmopt.cli import main
 from tvmopt.compile import CompileOptions, compile_model
 from tvmopt.errors import VerificationError
@@ -33,6 +33,16 @@ def test_int8_model_on_avx2_auto_keeps_fp32_and_says_why(qmodel, tmp_path):
     # fp32 compute of the quantized graph still matches onnxruntime's int8 execution
     assert res.verification and all(e.mismatched == 0 for e in res.verification)
     assert res.artifact.manifest["precision"]["accuracy"]["outputs"][0]["max_abs"] < 1e-4
+
+
+def test_qdq_model_compiles_and_matches_onnxruntime(tmp_path):
+    model = qdq_mlp(tmp_path)
+    res = compile_model(CompileOptions(model=model, target="x86", output=str(tmp_path / "a"),
+                                       verify=True), log=lambda s: None)
+    assert all(e.mismatched == 0 for e in res.verification)
+    prec = res.artifact.manifest["precision"]
+    assert prec["default"] == "fp32"
+    assert any("QDQ" in d["reason"] and d["action"] == "refused" for d in prec["decisions"])
 
 
 def test_arm_plan_picks_weight_only_int8_for_gemv(tmp_path):
@@ -78,3 +88,35 @@ def test_plan_cli_on_bundled_model(target, expect):
 def test_plan_bad_precision_is_one_line():
     r = CliRunner().invoke(main, ["plan", "--precision", "fp12"])
     assert r.exit_code != 0 and "fp12" in r.output
+
+
+def test_compile_cli_prints_a_downgrade(tmp_path):
+    model = mlp(tmp_path / "m.onnx")
+    r = CliRunner().invoke(main, ["compile", model, "-t", "x86", "-p", "fp16", "-o",
+                                  str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert "precision fp16: downgraded" in r.output and "no fast fp16" in r.output
+    m = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert m["precision"]["requested"] == "fp16" and m["precision"]["default"] == "fp32"
+
+
+def test_fp16_rewrite_matches_fp32_within_tolerance(tmp_path):
+    """The CUDA fp16 rewrite, built for the host CPU (how compile measures its accuracy)."""
+    import onnx
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.frontend import import_onnx
+    from tvmopt.precision import fp16_pass
+
+    model = mlp(tmp_path / "m.onnx", batch=8)
+    mod = import_onnx(onnx.load(model)).mod
+    x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    outs = []
+    for passes in ([fp16_pass()], []):
+        ex = pipeline.build(mod, get_target("x86").to_tvm(), "cpu",
+                            pipeline.PipelineConfig(precision_passes=passes))
+        outs.append(relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy())
+    err = np.abs(outs[0] - outs[1]).max()
+    assert 0 < err < 1e-2 * max(1.0, np.abs(outs[1]).max())  # fp16 rounding, not a no-op

@@ -67,6 +67,8 @@ def test_auto_refuses_int8_without_fast_instructions():
     assert decisions[0].action == "refused" and "VNNI" in decisions[0].reason
     prec, decisions = decide(get_target("x86-avx512"), [k], "auto")
     assert prec == "fp32" and "no schedule" in decisions[0].reason
+    prec, decisions = decide(get_target("arm"), [k], "int8")  # has sdot, no path reaches it
+    assert prec == "fp32" and decisions[0].action == "downgraded" and "sdot" in decisions[0].reason
 
 
 def test_auto_on_cuda_picks_fp16_for_matmul_and_never_bf16():

@@ -1,0 +1,45 @@
+"""A dlight rule wrapper: when a rule raises on a kernel, the next rule gets it, and it is recorded.
+
+TVM 0.27's tensor-core matmul rule (`dl.gpu.Matmul`) raises on some fp16 kernels with a symbolic
+batch dimension (e.g. a fused 1x1 conv2d + bias + clip: "All the statements in the scope are
+schedulable statements"), which fails the whole build. Guarded, that kernel falls through to the
+next rule (GEMV/Reduction/GeneralReduction/Fallback: correct, without tensor cores) and the
+fallback is recorded, so `compile` prints it and stores it in the manifest instead of hiding it.
+"""
+
+from __future__ import annotations
+
+import re
+
+_FALLBACKS: list[dict] = []
+
+
+def guarded(rule):
+    """Wrap a dlight ScheduleRule so that an exception means "not applicable", recorded."""
+    from tvm.s_tir.dlight.base import ScheduleRule
+
+    class Guarded(ScheduleRule):
+        def apply(self, func, target, tunable):
+            try:
+                return rule.apply(func, target, tunable)
+            except Exception as err:  # noqa: BLE001 - TVM raises TVMError/InternalError subclasses
+                name = func.attrs.get("global_symbol") if func.attrs is not None else None
+                if not name:  # dlight sees the PrimFunc without its name: list its blocks
+                    blocks = re.findall(r'T\.sblock\("(\w+)"\)', func.script())
+                    name = "kernel with blocks " + ",".join(b for b in blocks if b != "root")[:80]
+                lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+                _FALLBACKS.append({"rule": type(rule).__name__, "kernel": str(name),
+                                   "error": (lines[-1] if lines else type(err).__name__)[:200]})
+                return None
+
+        def is_target_available(self, target):
+            return rule.is_target_available(target)
+
+    return Guarded()
+
+
+def take_fallbacks() -> list[dict]:
+    """The fallbacks recorded since the last call (and forget them)."""
+    out = list(_FALLBACKS)
+    _FALLBACKS.clear()
+    return out
