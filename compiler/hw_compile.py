@@ -103,7 +103,7 @@ def accuracy_report(art, imported, cfg, hw: HardwareTarget, opts, log=print) -> 
 
     from . import pipeline
     from .artifact import update_manifest
-    from .runtime import random_inputs
+    from .runtime import flatten_result, random_inputs
     from .targets import get_target
 
     host = get_target("x86") if host_arch() == "x86_64" else get_target("host")
@@ -116,7 +116,7 @@ def accuracy_report(art, imported, cfg, hw: HardwareTarget, opts, log=print) -> 
         vm = relax.VirtualMachine(ex, tvm.cpu())
         args = [tvm.runtime.tensor(np.ascontiguousarray(feeds[i.name])) for i in imported.inputs]
         res = vm["main"](*args)
-        outs.append(_flatten(res))
+        outs.append(flatten_result(res))
     per_output = []
     for info, got, ref in zip(imported.outputs, outs[0], outs[1]):
         d = np.abs(got.astype(np.float64) - ref.astype(np.float64))
@@ -143,12 +143,3 @@ def accuracy_report(art, imported, cfg, hw: HardwareTarget, opts, log=print) -> 
                                 f"fp32 build exceeds --max-error {opts.max_error:g}; use "
                                 "--precision fp32 or raise the limit")
     return report
-
-
-def _flatten(result) -> list[np.ndarray]:
-    if hasattr(result, "numpy"):
-        return [result.numpy()]
-    out = []
-    for item in result:
-        out.extend(_flatten(item))
-    return out

@@ -37,6 +37,29 @@ def _int8_matmul_te(x, wq_t, scale):
     return te.compute((m, n), lambda i, j: acc[i, j] * scale[j], name="dequant_scale")
 
 
+def _rewrite_calls(mod, ops: tuple[str, ...], rewrite):
+    """Apply `rewrite(builder, call) -> Expr | None` (None: keep) to every call of the Relax ops
+    named in `ops`, in every Relax function of `mod`."""
+    import tvm
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class Rewrite(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if isinstance(call.op, tvm.ir.Op) and call.op.name in ops:
+                new = rewrite(self.builder_, call)
+                if new is not None:
+                    return new
+            return call
+
+    rw = Rewrite(mod)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            rw.builder_.update_func(gv, rw.visit_expr(func))
+    return rw.builder_.get()
+
+
 def int8_weight_pass(hw: HardwareTarget, force: bool = False):
     """Weight-only int8 for the matmuls the roofline rule picks on `hw` (every one when `force`:
     an explicit --precision int8)."""
@@ -45,39 +68,30 @@ def int8_weight_pass(hw: HardwareTarget, force: bool = False):
 
     from .plan import int8_weight_wins
 
+    def rewrite(builder, call):
+        x, w = call.args
+        if not isinstance(w, tvm.ir.expr.Constant) or len(w.value.shape) != 2:
+            return None
+        xshape = getattr(x.ty, "shape", None)
+        dims = list(getattr(xshape, "values", None) or [])
+        if len(dims) != 2 or not hasattr(dims[1], "value"):
+            return None  # batched (3-D) or unknown activations: keep fp32
+        if str(w.value.dtype) != "float32":
+            return None
+        # a symbolic row count is judged at 1, as the plan binds symbolic dims (default 1)
+        m = int(dims[0].value) if hasattr(dims[0], "value") else 1
+        k = int(dims[1].value)
+        n = int(w.value.shape[1])
+        if not force and not int8_weight_wins(hw, m, k, n):
+            return None
+        q, scale = quantize_weight(w.value.numpy())
+        q_t = np.ascontiguousarray(q.T)
+        return builder.call_te(_int8_matmul_te, x, relax.const(q_t), relax.const(scale),
+                               primfunc_name_hint="matmul_w8")
+
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.Int8WeightOnly")
     def transform(mod, _ctx):
-        @relax.expr_functor.mutator
-        class Rewrite(relax.PyExprMutator):
-            def visit_call_(self, call):
-                call = super().visit_call_(call)
-                if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
-                    return call
-                x, w = call.args
-                if not isinstance(w, tvm.ir.expr.Constant) or len(w.value.shape) != 2:
-                    return call
-                xshape = getattr(x.ty, "shape", None)
-                dims = list(getattr(xshape, "values", None) or [])
-                if len(dims) != 2 or not hasattr(dims[1], "value"):
-                    return call  # batched (3-D) or unknown activations: keep fp32
-                if str(w.value.dtype) != "float32":
-                    return call
-                # a symbolic row count is judged at 1, as the plan binds symbolic dims (default 1)
-                m = int(dims[0].value) if hasattr(dims[0], "value") else 1
-                k = int(dims[1].value)
-                n = int(w.value.shape[1])
-                if not force and not int8_weight_wins(hw, m, k, n):
-                    return call
-                q, scale = quantize_weight(w.value.numpy())
-                q_t = np.ascontiguousarray(q.T)
-                return self.builder_.call_te(_int8_matmul_te, x, relax.const(q_t), relax.const(scale),
-                                             primfunc_name_hint="matmul_w8")
-
-        rw = Rewrite(mod)
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                rw.builder_.update_func(gv, rw.visit_expr(func))
-        return rw.builder_.get()
+        return _rewrite_calls(mod, ("relax.matmul",), rewrite)
 
     return transform
 
@@ -87,57 +101,37 @@ def integer_matmul_to_fp32_pass():
     import tvm
     from tvm import relax
 
+    def rewrite(builder, call):
+        if str(call.attrs.out_dtype) != "int32":
+            return None
+        a, b = (relax.op.astype(v, "float32") for v in call.args)
+        y = relax.op.matmul(a, b, out_dtype="float32")
+        return relax.op.astype(relax.op.round(y), "int32")
+
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.IntegerMatmulToFP32")
     def transform(mod, _ctx):
-        @relax.expr_functor.mutator
-        class Rewrite(relax.PyExprMutator):
-            def visit_call_(self, call):
-                call = super().visit_call_(call)
-                if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
-                    return call
-                if str(call.attrs.out_dtype) not in ("int32",):
-                    return call
-                a, b = (relax.op.astype(v, "float32") for v in call.args)
-                y = relax.op.matmul(a, b, out_dtype="float32")
-                return relax.op.astype(relax.op.round(y), "int32")
-
-        rw = Rewrite(mod)
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                rw.builder_.update_func(gv, rw.visit_expr(func))
-        return rw.builder_.get()
+        return _rewrite_calls(mod, ("relax.matmul",), rewrite)
 
     return transform
 
 
 def _matrix_ops_fp16(mod):
     """fp16 inputs, fp32 accumulation/output for every fp32 matmul and conv2d (the rest stays fp32)."""
-    import tvm
     from tvm import relax
 
-    @relax.expr_functor.mutator
-    class Rewrite(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not isinstance(call.op, tvm.ir.Op) or call.op.name not in ("relax.matmul",
-                                                                          "relax.nn.conv2d"):
-                return call
-            if any(str(getattr(a.ty, "dtype", "")) != "float32" for a in call.args[:2]):
-                return call
-            a, b = (relax.op.astype(v, "float16") for v in call.args[:2])
-            if call.op.name == "relax.matmul":
-                return relax.op.matmul(a, b, out_dtype="float32")
-            at = call.attrs
-            return relax.op.nn.conv2d(a, b, strides=at.strides, padding=at.padding,
-                                      dilation=at.dilation, groups=at.groups,
-                                      data_layout=at.data_layout, kernel_layout=at.kernel_layout,
-                                      out_layout=at.out_layout, out_dtype="float32")
+    def rewrite(builder, call):
+        if any(str(getattr(a.ty, "dtype", "")) != "float32" for a in call.args[:2]):
+            return None
+        a, b = (relax.op.astype(v, "float16") for v in call.args[:2])
+        if call.op.name == "relax.matmul":
+            return relax.op.matmul(a, b, out_dtype="float32")
+        at = call.attrs
+        return relax.op.nn.conv2d(a, b, strides=at.strides, padding=at.padding,
+                                  dilation=at.dilation, groups=at.groups,
+                                  data_layout=at.data_layout, kernel_layout=at.kernel_layout,
+                                  out_layout=at.out_layout, out_dtype="float32")
 
-    rw = Rewrite(mod)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            rw.builder_.update_func(gv, rw.visit_expr(func))
-    return rw.builder_.get()
+    return _rewrite_calls(mod, ("relax.matmul", "relax.nn.conv2d"), rewrite)
 
 
 def fp16_pass():

@@ -88,15 +88,16 @@ class LoadedModel:
         if check:
             check_inputs(self.inputs, feeds)
         result = self.run_device(self.to_device(feeds))
-        return dict(zip([o.name for o in self.outputs], _flatten(result)))
+        return dict(zip([o.name for o in self.outputs], flatten_result(result)))
 
 
-def _flatten(result) -> list[np.ndarray]:
+def flatten_result(result) -> list[np.ndarray]:
+    """The VM's result (a tensor or nested tuples of them) as a flat list of numpy arrays."""
     if hasattr(result, "numpy"):
         return [result.numpy()]
     out = []
     for item in result:
-        out.extend(_flatten(item))
+        out.extend(flatten_result(item))
     return out
 
 
