@@ -100,7 +100,10 @@ def _parse_dims(items) -> dict[str, int]:
 @click.option("--rtol", type=float, default=1e-3, show_default=True)
 @click.option("--dim", "dims", multiple=True, metavar="NAME=N",
               help="Value of a symbolic dim for --verify (default 1).")
-def compile(model, target, output, shapes, verify, atol, rtol, dims):
+@click.option("--db", type=click.Path(file_okay=False),
+              help="Replay this tuning database (from `tvmopt tune`).")
+@click.option("--require-db", is_flag=True, help="Fail if --db misses any task.")
+def compile(model, target, output, shapes, verify, atol, rtol, dims, db, require_db):
     """Compile MODEL.onnx into a deployable artifact folder."""
     from .compile import CompileOptions, compile_model
     from .report import print_compile_result
@@ -108,9 +111,13 @@ def compile(model, target, output, shapes, verify, atol, rtol, dims):
 
     opts = CompileOptions(model=model or _default_model(), target=target, output=output,
                           shapes=list(shapes), verify=verify, tolerance=Tolerance(atol, rtol),
-                          verify_dims=_parse_dims(dims))
+                          verify_dims=_parse_dims(dims), db=db, require_db=require_db)
     result = compile_model(opts)
     print_compile_result(result)
+    if result.replay is not None:
+        from .report_tune import print_replay
+
+        print_replay(result.replay)
 
 
 # ------------------------------------------------------------------------------------ run
@@ -194,6 +201,8 @@ def demo(target, output, runs):
     print_compile_result(result)
     print_latency_summary(latency_summary(result.artifact.path, opts.model, runs=runs))
 
+
+from . import cli_tune  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()

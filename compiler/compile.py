@@ -26,6 +26,8 @@ class CompileOptions:
         tolerance: verification tolerance.
         verify_dims: values for symbolic dims during verification.
         save_temps: folder to dump the IR after each phase (TVMOPT_SAVE_TEMPS).
+        db: MetaSchedule database folder (from `tvmopt tune`) to replay after fusion.
+        require_db: fail if the database misses any task instead of falling back to dlight.
     """
 
     model: str
@@ -36,6 +38,8 @@ class CompileOptions:
     tolerance: Tolerance = field(default_factory=Tolerance)
     verify_dims: dict[str, int] = field(default_factory=dict)
     save_temps: str | None = None
+    db: str | None = None
+    require_db: bool = False
 
     def __post_init__(self):
         if isinstance(self.shapes, (list, tuple)):
@@ -57,6 +61,7 @@ class CompileResult:
     artifact: object
     timings: dict[str, float]
     verification: list | None = None
+    replay: object | None = None  # tuning.Replay when compiled with --db
 
 
 def _dumper(folder: str | None):
@@ -90,6 +95,17 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
 
     target = hw.to_tvm()
     cfg = pipeline.PipelineConfig()
+
+    # Tuning database (issue 4): matched against the fused module the "database" phase sees.
+    replay = None
+    if opts.db:
+        from .tuning import replay_database
+
+        t_db = time.perf_counter()
+        replay = replay_database(opts.db, hw, imported.mod, opts.require_db)
+        cfg.database = replay.db
+        timings["database_s"] = time.perf_counter() - t_db
+
     t1 = time.perf_counter()
     ex = pipeline.build(imported.mod, target, hw.device, cfg, dump=_dumper(opts.save_temps))
     timings["build_s"] = time.perf_counter() - t1
@@ -107,10 +123,12 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         "precision": {"default": "fp32", "decisions": []},
         "tuning": {"database": None},
     }
+    if replay is not None:
+        manifest["tuning"] = replay.to_json()
     t2 = time.perf_counter()
     art = write_artifact(opts.output, ex, manifest)
     timings["export_s"] = time.perf_counter() - t2
-    result = CompileResult(art, timings)
+    result = CompileResult(art, timings, replay=replay)
     if opts.verify:
         result.verification = verify_artifact(art.path, opts.model, opts.tolerance, opts.verify_dims)
     return result

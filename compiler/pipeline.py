@@ -100,18 +100,21 @@ def pass_names(device: str, target, cfg: PipelineConfig) -> dict[str, list[str]]
     """Phase -> names of the passes it runs, for the manifest."""
     out = {}
     for name, make in phases(device):
-        passes = make(target, cfg)
+        with target:  # MetaScheduleApplyDatabase reads the current target when constructed
+            passes = make(target, cfg)
         out[name] = [getattr(p, "info", None).name if getattr(p, "info", None) else type(p).__name__
                      for p in passes]
     return out
 
 
 def optimize(mod, target, device: str, cfg: PipelineConfig | None = None,
-             dump: Callable[[str, object], None] | None = None):
+             dump: Callable[[str, object], None] | None = None, until: str | None = None):
     """Run every phase before `lower` on `mod`; return the optimized IRModule.
 
     Args:
         dump: called as dump(phase_name, mod) after each phase (TVMOPT_SAVE_TEMPS).
+        until: stop after this phase (e.g. "fuse": the module whose fused functions tuning
+            extracts as tasks and the database phase later looks up).
     """
     import tvm
 
@@ -129,6 +132,8 @@ def optimize(mod, target, device: str, cfg: PipelineConfig | None = None,
                 mod = seq(mod)
             if dump:
                 dump(name, mod)
+            if name == until:
+                break
     return mod
 
 
