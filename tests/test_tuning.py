@@ -27,8 +27,9 @@ def tuned(tmp_path_factory):
     root = tmp_path_factory.mktemp("tuned")
     model = tiny_mlp(root / "mlp.onnx")
     db = root / "db"
+    # A small population keeps the search cheap on 2 busy cores; 8 trials still find schedules.
     result = tuning.tune(tuning.TuneOptions(model=model, trials=8, db=str(db), shapes=SHAPE,
-                                            trials_per_round=4))
+                                            trials_per_round=4, population=32))
     return model, db, result
 
 

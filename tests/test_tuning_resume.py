@@ -22,7 +22,7 @@ def test_killed_tuning_resumes(tmp_path):
     model = tiny_mlp(tmp_path / "mlp.onnx")
     db = tmp_path / "db"
     cmd = [sys.executable, "-c", "from tvmopt.cli import main; main()", "tune", model, "--shape", "x=1x32",
-           "--db", str(db), "--trials", "64", "--trials-per-round", "4"]
+           "--db", str(db), "--trials", "64", "--trials-per-round", "4", "--population", "32"]
     log = (tmp_path / "tune.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     records = db / tuning.RECORD_FILE
@@ -43,7 +43,7 @@ def test_killed_tuning_resumes(tmp_path):
     with records.open("a") as f:  # what a kill in the middle of a write leaves behind
         f.write('[0, [[["SampleCategorical", ')
     result = tuning.tune(tuning.TuneOptions(model=model, trials=kept + 4, db=str(db),
-                                            shapes={"x": (1, 32)}, trials_per_round=4))
+                                            shapes={"x": (1, 32)}, trials_per_round=4, population=32))
     assert result.sanitized.bad_record_lines == 1
     assert result.trials_before == kept
     assert result.trials_run == 4 and result.build_failures == 0

@@ -35,7 +35,7 @@ def test_tune_through_rpc_tracker(farm, tmp_path):
     model = tiny_mlp(tmp_path / "mlp.onnx")
     result = tuning.tune(tuning.TuneOptions(
         model=model, trials=8, db=str(tmp_path / "db"), shapes={"x": (1, 32)},
-        rpc_tracker=farm, rpc_key="tvmopt-test", trials_per_round=4))
+        rpc_tracker=farm, rpc_key="tvmopt-test", trials_per_round=4, population=32))
     assert result.trials_run == 8
     assert result.build_failures == 0 and result.run_failures == 0
     assert all(t.best_s is not None for t in result.tasks)
