@@ -23,8 +23,10 @@ from .cli import _default_model, main
 @click.option("--prune-top-k", type=int, help="After tuning, keep only the best K records per task.")
 @click.option("--population", type=int, default=512, show_default=True,
               help="Evolutionary-search population (smaller: faster rounds on few cores).")
+@click.option("--weight-prepack", is_flag=True,
+              help="CPU layout rewrite: let schedules choose weight layouts (prepacked at compile).")
 def tune(model, target, trials, db, max_trials_per_task, shapes, rpc_tracker, rpc_key,
-         trials_per_round, prune_top_k, population):
+         trials_per_round, prune_top_k, population, weight_prepack):
     """Tune MODEL.onnx with MetaSchedule (XGBoost cost model) into a resumable database."""
     from rich.console import Console
 
@@ -34,7 +36,8 @@ def tune(model, target, trials, db, max_trials_per_task, shapes, rpc_tracker, rp
     opts = TuneOptions(model=model or _default_model(), target=target, trials=trials, db=db,
                        max_trials_per_task=max_trials_per_task, shapes=list(shapes),
                        rpc_tracker=rpc_tracker, rpc_key=rpc_key,
-                       trials_per_round=trials_per_round, population=population)
+                       trials_per_round=trials_per_round, population=population,
+                       weight_prepack=weight_prepack)
     console = Console(stderr=True)
     result = run_tune(opts, console=console)
     print_tune_result(result)

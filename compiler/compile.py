@@ -96,14 +96,16 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     target = hw.to_tvm()
     cfg = pipeline.PipelineConfig()
 
-    # Tuning database (issue 4): matched against the fused module the "database" phase sees.
+    # Tuning database (issue 4): matched against the fused module the "database" phase sees;
+    # keep this block after anything else that fills `cfg` (it changes the fused functions).
     replay = None
     if opts.db:
         from .tuning import replay_database
 
         t_db = time.perf_counter()
-        replay = replay_database(opts.db, hw, imported.mod, opts.require_db)
+        replay = replay_database(opts.db, hw, imported.mod, opts.require_db, cfg)
         cfg.database = replay.db
+        cfg.weight_prepack = replay.weight_prepack  # the layout the records were tuned for
         timings["database_s"] = time.perf_counter() - t_db
 
     t1 = time.perf_counter()

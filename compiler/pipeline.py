@@ -20,11 +20,15 @@ class PipelineConfig:
         database: a MetaSchedule database to apply after fusion (None: no tuning records).
         precision_passes: passes from the precision planner, run before legalization.
         extra_passes: passes appended to the simplify phase (e.g. tvmopt's own rewrites).
+        weight_prepack: CPU layout rewrite: mark weights layout-free before tuning so
+            MetaSchedule may choose their layout, then fold the re-layout into the constants
+            (static_shape_tuning_pipeline's cpu_weight_prepack). Must match the database.
     """
 
     database: object | None = None
     precision_passes: list = field(default_factory=list)
     extra_passes: list = field(default_factory=list)
+    weight_prepack: bool = False
 
 
 def _simplify(target, cfg):
@@ -41,8 +45,10 @@ def _precision(target, cfg):
 def _fuse_legalize(target, cfg):
     from tvm import relax
 
+    prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if cfg.weight_prepack else []
     return [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
+            *prepack]
 
 
 def _apply_database(target, cfg):
@@ -51,7 +57,10 @@ def _apply_database(target, cfg):
     if cfg.database is None:
         return []
     # After fusion, so the records match the fused functions that were tuned (apache/tvm#19385).
-    return [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)]
+    apply = [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)]
+    if cfg.weight_prepack:  # weights are constants here: the re-layout folds at compile time
+        apply += [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]
+    return apply
 
 
 def _dlight_cpu(target, cfg):

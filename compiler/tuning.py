@@ -141,7 +141,7 @@ class Task:
     flops: float
 
 
-def fused_module(model_path: str, shapes: dict, hw):
+def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False):
     """Import the model and run tvmopt's pipeline through the fusion phase.
 
     Returns:
@@ -153,7 +153,8 @@ def fused_module(model_path: str, shapes: dict, hw):
 
     imported = import_onnx(load_onnx(model_path), shapes)
     target = hw.to_tvm()
-    mod = pipeline.optimize(imported.mod, target, hw.device, pipeline.PipelineConfig(),
+    mod = pipeline.optimize(imported.mod, target, hw.device,
+                            pipeline.PipelineConfig(weight_prepack=weight_prepack),
                             until=TUNE_AFTER_PHASE)
     return mod, imported
 
@@ -394,6 +395,8 @@ class TuneOptions:
         rpc_key: device key the servers registered with.
         trials_per_round: candidates per task per round (default: from the budget).
         seed: random seed of the search.
+        weight_prepack: tune with weights marked layout-free (CPU weight prepack); the
+            database then only serves compiles with the same setting (taken from its manifest).
         population: evolutionary-search population (TVM's default 512; smaller searches
             faster per round on few cores, at some cost in schedule quality).
     """
@@ -409,6 +412,7 @@ class TuneOptions:
     trials_per_round: int | None = None
     seed: int | None = 0
     population: int = 512
+    weight_prepack: bool = False
 
     def __post_init__(self):
         from .onnx_model import parse_shape_spec
@@ -465,7 +469,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     hw = get_target(opts.target)
     target = hw.to_tvm()
     folder = Path(opts.db)
-    mod, _ = fused_module(opts.model, opts.shapes, hw)
+    mod, _ = fused_module(opts.model, opts.shapes, hw, opts.weight_prepack)
     tasks = extract_tasks(mod, target)
     if not tasks:
         raise TuningError(f"{opts.model}: no tunable functions after fusion")
@@ -473,6 +477,10 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     with locked(folder):
         manifest = read_manifest(folder)
         check_target(folder, manifest, hw)
+        if manifest is not None and bool(manifest.get("weight_prepack")) != opts.weight_prepack:
+            raise TuningError(f"database {folder} was tuned with weight_prepack="
+                              f"{bool(manifest.get('weight_prepack'))}; rerun with the same "
+                              "setting or use another --db")
         sanitized = sanitize_files(folder, folder)
         db = open_json_database(folder)
         before = len(db.get_all_tuning_records())
@@ -549,6 +557,7 @@ def _write_manifest(folder: Path, hw, target, opts: TuneOptions, model_sha: str,
         "shapes": {k: list(v) for k, v in opts.shapes.items()},
         "trials": records,
         "trial_budget": opts.trials,
+        "weight_prepack": opts.weight_prepack,
         "search": {"strategy": "evolutionary", "population": opts.population,
                    "cost_model": "xgb", "task_scheduler": "gradient"},
         "pruned_top_k": old.get("pruned_top_k"),
@@ -612,6 +621,10 @@ class Replay:
     manifest: dict | None
 
     @property
+    def weight_prepack(self) -> bool:
+        return bool((self.manifest or {}).get("weight_prepack"))
+
+    @property
     def hit_rate(self) -> float:
         total = len(self.hits) + len(self.misses)
         return len(self.hits) / total if total else 1.0
@@ -621,6 +634,7 @@ class Replay:
                 "tasks": len(self.hits) + len(self.misses), "hits": len(self.hits),
                 "hit_rate": round(self.hit_rate, 4), "misses": self.misses,
                 "skipped_lines": self.sanitized.dropped,
+                "weight_prepack": self.weight_prepack,
                 "db_trials": (self.manifest or {}).get("trials"),
                 "db_shapes": (self.manifest or {}).get("shapes")}
 
@@ -659,15 +673,25 @@ def open_for_replay(folder: str | Path, hw, fused_mod) -> Replay:
     return Replay(db, folder, database_sha256(folder), hits, misses, rep, manifest)
 
 
-def replay_database(folder: str | Path, hw, imported_mod, require: bool = False) -> Replay:
+def replay_database(folder: str | Path, hw, imported_mod, require: bool = False,
+                    cfg=None) -> Replay:
     """Open `folder` for `compile --db`: match it against the module after fusion.
+
+    Args:
+        cfg: the compile's PipelineConfig (its precision passes shape the fused functions);
+            its database and weight_prepack are ignored here.
 
     Raises:
         TuningError: with `require`, any task the database does not serve (named).
     """
+    import dataclasses
+
     from . import pipeline
 
-    fused = pipeline.optimize(imported_mod, hw.to_tvm(), hw.device, pipeline.PipelineConfig(),
+    prepack = bool((read_manifest(Path(folder)) or {}).get("weight_prepack"))
+    base = cfg if cfg is not None else pipeline.PipelineConfig()
+    fused = pipeline.optimize(imported_mod, hw.to_tvm(), hw.device,
+                              dataclasses.replace(base, database=None, weight_prepack=prepack),
                               until=TUNE_AFTER_PHASE)
     replay = open_for_replay(folder, hw, fused)
     if require and replay.misses:

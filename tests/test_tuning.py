@@ -177,3 +177,11 @@ def test_intrinsics_loaded_per_target_family():
     assert tuning._target_intrinsic_modules(arm) == ["arm_cpu"]
     assert tuning._target_intrinsic_modules(tvm.target.Target({"kind": "cuda"})) == ["cuda"]
 
+
+
+def test_weight_prepack_setting_must_match_the_database(tuned, tmp_path):
+    model, db, _ = tuned
+    copy = _copy_db(db, tmp_path / "layout")
+    with pytest.raises(tuning.TuningError, match="weight_prepack=False"):
+        tuning.tune(tuning.TuneOptions(model=model, trials=16, db=str(copy), shapes=SHAPE,
+                                       weight_prepack=True))
