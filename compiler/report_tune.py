@@ -33,7 +33,8 @@ def print_tune_result(result) -> None:
                       "-" if t.gflops is None else f"{t.gflops:.1f}", str(t.trials))
     _console.print(table)
     est = result.estimate_s
-    _console.print(f"whole-model estimate: {_ms(est)} ms (sum of weight x best latency)"
+    shown = f"{_us(est)} µs" if est is not None and est < 1e-3 else f"{_ms(est)} ms"
+    _console.print(f"whole-model estimate: {shown} (sum of weight x best latency)"
                    if est is not None else
                    "whole-model estimate: n/a (some tasks have no valid measurement yet)")
     _console.print(f"trials: {result.trials_before} before + {result.trials_run} this run; "

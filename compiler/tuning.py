@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import importlib
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -529,6 +530,10 @@ def _tune_contexts(tasks: list[Task], target, hw, folder: Path, seed, population
 
     cores = int(hw.tvm_dict().get("num-cores", 1))
     contexts, weights = [], []
+    # MetaSchedule sizes its console handler from this level: keep the console to warnings
+    # (the progress bar and the final table say the rest); DIR/logs/ still gets everything.
+    if not os.environ.get("TVMOPT_DEBUG"):
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     loggers = get_loggers_from_work_dir(str(folder), [t.name for t in tasks])
     for task, logger, rand in zip(tasks, loggers, fork_seed(seed, n=len(tasks))):
         contexts.append(ms.TuneContext(mod=task.mod, target=target,
