@@ -61,24 +61,26 @@ def wait_for_servers(tracker: str, key: str, count: int, timeout_s: float = 30.0
 
 def run_tracker(host: str, port: int) -> None:
     """Run a tracker until Ctrl-C."""
-    tracker = start_tracker(host, port)
-    print(f"RPC tracker on {host}:{tracker.port}; servers: tvmopt rpc server --tracker "
-          f"HOST:{tracker.port} --key KEY", flush=True)
-    _serve_forever(tracker)
+    _serve(lambda: start_tracker(host, port),
+           lambda t: f"RPC tracker on {host}:{t.port}; start servers with: tvmopt rpc server "
+                     f"--tracker HOST:{t.port} --key KEY")
 
 
 def run_server(tracker: str, key: str, host: str, port: int) -> None:
     """Run one RPC server until Ctrl-C."""
-    server = start_server(tracker, key, host, port)
-    print(f"RPC server on {host}:{server.port}, key '{key}', tracker {tracker}", flush=True)
-    _serve_forever(server)
+    _serve(lambda: start_server(tracker, key, host, port),
+           lambda s: f"RPC server on {host}:{s.port}, key '{key}', tracker {tracker}")
 
 
-def _serve_forever(proc) -> None:
+def _serve(start, describe) -> None:
+    proc = None
     try:
+        proc = start()
+        print(describe(proc), flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:
-        proc.terminate()
+        if proc is not None:
+            proc.terminate()

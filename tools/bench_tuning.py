@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     models = bundled()
     all_rows, eff = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
+        for name in filter(None, args.models.split(",")):
             all_rows += bench_model(name, models[name], args.runs, Path(tmp))
         if args.efficiency_db:
             eff = efficiency(args.efficiency_model, models[args.efficiency_model],
