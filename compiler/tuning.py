@@ -23,7 +23,9 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import tempfile
 import time
 import types
@@ -501,6 +503,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
                 bar = progress.add_task("tuning", total=remaining)
                 callbacks = [*ms.measure_callback.MeasureCallback.create("default"),
                              _progress_callback(progress, bar, result)]
+                stop = _InterruptFlag()
                 try:
                     ms.tune.tune_tasks(
                         tasks=contexts, task_weights=weights, work_dir=str(folder),
@@ -516,11 +519,39 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
                         measure_callbacks=callbacks, task_scheduler="gradient")
                 except KeyboardInterrupt:
                     result.interrupted = True
+                except Exception:
+                    # Ctrl-C inside a Python callback reaches us as a TVM error, not as
+                    # KeyboardInterrupt; the flag tells the two apart.
+                    if not stop.hit:
+                        raise
+                    result.interrupted = True
+                finally:
+                    stop.restore()
         after = len(db.get_all_tuning_records())
+        result.trials_run = after - before  # records this run added (exact after a Ctrl-C too)
         _write_manifest(folder, hw, target, opts, sha256_file(opts.model), after)
         result.tasks = summarize(db, tasks)
     result.wall_s = time.perf_counter() - t0
     return result
+
+
+class _InterruptFlag:
+    """Remember a Ctrl-C during tuning (TVM's FFI turns the KeyboardInterrupt into an error)."""
+
+    def __init__(self):
+        self.hit = False
+        self._old = None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._on_int)
+
+    def _on_int(self, signum, frame):
+        self.hit = True
+        raise KeyboardInterrupt
+
+    def restore(self):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
 
 
 def _tune_contexts(tasks: list[Task], target, hw, folder: Path, seed, population: int = 512):

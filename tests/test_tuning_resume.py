@@ -49,3 +49,33 @@ def test_killed_tuning_resumes(tmp_path):
     assert result.trials_run == 4 and result.build_failures == 0
     assert len(records.read_text().splitlines()) == kept + 4
     assert tuning.read_manifest(db)["trials"] == kept + 4
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_records_and_reports(tmp_path):
+    model = tiny_mlp(tmp_path / "mlp.onnx")
+    db = tmp_path / "db"
+    # A shell's background jobs ignore SIGINT; restore Python's handler as a terminal would.
+    boot = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "sys.argv[0] = 'tvmopt'; from tvmopt.cli import main; main()")
+    cmd = [sys.executable, "-c", boot, "tune", model, "--shape", "x=1x32", "--db", str(db),
+           "--trials", "64", "--trials-per-round", "4", "--population", "32"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    records = db / tuning.RECORD_FILE
+    try:
+        deadline = time.monotonic() + 240
+        while not (records.exists() and len(records.read_text().splitlines()) >= 4):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, out[-800:]
+    assert "interrupted: records measured so far are kept" in " ".join(out.split())
+    assert "Traceback" not in out
+    kept = len(records.read_text().splitlines())
+    assert kept >= 4 and tuning.read_manifest(db)["trials"] == kept
