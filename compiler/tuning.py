@@ -426,6 +426,11 @@ class TuneOptions:
             raise TuningError("--trials must be >= 0")
         if self.max_trials_per_task is not None and self.max_trials_per_task <= 0:
             raise TuningError("--max-trials-per-task must be > 0")
+        if self.rpc_tracker:  # fail before the model is imported and the database touched
+            parse_host_port(self.rpc_tracker)
+            if not self.rpc_key:
+                raise TuningError("--rpc-tracker needs --rpc-key (the key the servers "
+                                  "registered with)")
         if self.db is None:
             from .targets import get_target
 

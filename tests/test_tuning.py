@@ -165,6 +165,10 @@ def test_host_port_and_options_are_validated():
             tuning.parse_host_port(bad)
     with pytest.raises(tuning.TuningError, match="--trials"):
         tuning.TuneOptions(model="m.onnx", trials=-1)
+    with pytest.raises(tuning.TuningError, match="--rpc-key"):
+        tuning.TuneOptions(model="m.onnx", rpc_tracker="127.0.0.1:9190")
+    with pytest.raises(tuning.TuningError, match="HOST:PORT"):
+        tuning.TuneOptions(model="m.onnx", rpc_tracker="localhost", rpc_key="k")
     opts = tuning.TuneOptions(model="dir/my_model.onnx", target="x86")
     assert Path(opts.db) == Path("schedules/my_model/x86-avx2")
 
