@@ -108,7 +108,11 @@ def _parse_dims(items) -> dict[str, int]:
               help="auto: the plan picks per target ('tvmopt plan' shows why).")
 @click.option("--max-error", type=float, default=None,
               help="Fail when a non-fp32 build's max abs error vs the fp32 build exceeds this.")
-def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, max_error):
+@click.option("--db", type=click.Path(file_okay=False),
+              help="Replay this tuning database (from `tvmopt tune`).")
+@click.option("--require-db", is_flag=True, help="Fail if --db misses any task.")
+def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, max_error, db,
+            require_db):
     """Compile MODEL.onnx into a deployable artifact folder."""
     from .compile import CompileOptions, compile_model
     from .report import print_compile_result
@@ -116,9 +120,14 @@ def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, 
 
     opts = CompileOptions(model=model or _default_model(), target=target, output=output,
                           shapes=list(shapes), verify=verify, tolerance=Tolerance(atol, rtol),
-                          verify_dims=_parse_dims(dims), precision=precision, max_error=max_error)
+                          verify_dims=_parse_dims(dims), precision=precision, max_error=max_error,
+                          db=db, require_db=require_db)
     result = compile_model(opts)
     print_compile_result(result)
+    if result.replay is not None:
+        from .report_tune import print_replay
+
+        print_replay(result.replay)
 
 
 # ------------------------------------------------------------------------------------ run
@@ -205,6 +214,7 @@ def demo(target, output, runs):
 
 from . import cli_bench  # noqa: E402,F401
 from . import cli_plan  # noqa: E402,F401
+from . import cli_tune  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()

@@ -26,6 +26,8 @@ class CompileOptions:
         tolerance: verification tolerance.
         verify_dims: values for symbolic dims during verification.
         save_temps: folder to dump the IR after each phase (TVMOPT_SAVE_TEMPS).
+        db: MetaSchedule database folder (from `tvmopt tune`) to replay after fusion.
+        require_db: fail if the database misses any task instead of falling back to dlight.
     """
 
     model: str
@@ -36,9 +38,11 @@ class CompileOptions:
     tolerance: Tolerance = field(default_factory=Tolerance)
     verify_dims: dict[str, int] = field(default_factory=dict)
     save_temps: str | None = None
-    # issue 5 (precision): "auto" or a precision from tvmopt.plan.CHOICES; max error vs fp32 build
+    # "auto" or a precision from tvmopt.plan.CHOICES; max error allowed vs the fp32 build
     precision: str = "auto"
     max_error: float | None = None
+    db: str | None = None
+    require_db: bool = False
 
     def __post_init__(self):
         if isinstance(self.shapes, (list, tuple)):
@@ -60,6 +64,7 @@ class CompileResult:
     artifact: object
     timings: dict[str, float]
     verification: list | None = None
+    replay: object | None = None  # tuning.Replay when compiled with --db
 
 
 def _dumper(folder: str | None):
@@ -93,14 +98,26 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
 
     target = hw.to_tvm()
     cfg = pipeline.PipelineConfig()
-    # --- issue 5: hardware-aware precision (plan -> passes -> manifest) -------------------------
+    # Precision: the roofline plan picks it per target; its passes run in the precision phase.
     from .hw_compile import (accuracy_report, cross_cc, plan_and_passes, precision_manifest,
                              schedule_fallbacks, cuda_report)
 
     t_plan = time.perf_counter()
     plan, cfg.precision_passes = plan_and_passes(opts, hw, model, log)
     timings["plan_s"] = time.perf_counter() - t_plan
-    # ---------------------------------------------------------------------------------------------
+
+    # Tuning database: matched against the fused module the "database" phase will see, so it
+    # must come after everything else that fills `cfg` (precision passes change the kernels).
+    replay = None
+    if opts.db:
+        from .tuning import replay_database
+
+        t_db = time.perf_counter()
+        replay = replay_database(opts.db, hw, imported.mod, opts.require_db, cfg)
+        cfg.database = replay.db
+        cfg.weight_prepack = replay.weight_prepack  # the layout the records were tuned for
+        timings["database_s"] = time.perf_counter() - t_db
+
     t1 = time.perf_counter()
     ex = pipeline.build(imported.mod, target, hw.device, cfg, dump=_dumper(opts.save_temps))
     timings["build_s"] = time.perf_counter() - t1
@@ -123,6 +140,8 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     extra = {}
     if hw.device == "cuda":
         extra["kernels.cu"], manifest["cuda"] = cuda_report(ex, hw, plan, log)
+    if replay is not None:
+        manifest["tuning"] = replay.to_json()
     t2 = time.perf_counter()
     art = write_artifact(opts.output, ex, manifest, extra_files=extra, cc=cross_cc(hw))
     timings["export_s"] = time.perf_counter() - t2
@@ -130,7 +149,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         t3 = time.perf_counter()
         accuracy_report(art, imported, cfg, hw, opts, log)
         timings["accuracy_s"] = time.perf_counter() - t3
-    result = CompileResult(art, timings)
+    result = CompileResult(art, timings, replay=replay)
     if opts.verify:
         result.verification = verify_artifact(art.path, opts.model, opts.tolerance, opts.verify_dims)
     return result

@@ -20,11 +20,15 @@ class PipelineConfig:
         database: a MetaSchedule database to apply after fusion (None: no tuning records).
         precision_passes: passes from the precision planner, run before legalization.
         extra_passes: passes appended to the simplify phase (e.g. tvmopt's own rewrites).
+        weight_prepack: CPU layout rewrite: mark weights layout-free before tuning so
+            MetaSchedule may choose their layout, then fold the re-layout into the constants
+            (static_shape_tuning_pipeline's cpu_weight_prepack). Must match the database.
     """
 
     database: object | None = None
     precision_passes: list = field(default_factory=list)
     extra_passes: list = field(default_factory=list)
+    weight_prepack: bool = False
 
 
 def _simplify(target, cfg):
@@ -41,8 +45,10 @@ def _precision(target, cfg):
 def _fuse_legalize(target, cfg):
     from tvm import relax
 
+    prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if cfg.weight_prepack else []
     return [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
+            *prepack]
 
 
 def _apply_database(target, cfg):
@@ -51,7 +57,10 @@ def _apply_database(target, cfg):
     if cfg.database is None:
         return []
     # After fusion, so the records match the fused functions that were tuned (apache/tvm#19385).
-    return [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)]
+    apply = [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)]
+    if cfg.weight_prepack:  # weights are constants here: the re-layout folds at compile time
+        apply += [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]
+    return apply
 
 
 def _dlight_cpu(target, cfg):
@@ -102,18 +111,21 @@ def pass_names(device: str, target, cfg: PipelineConfig) -> dict[str, list[str]]
     """Phase -> names of the passes it runs, for the manifest."""
     out = {}
     for name, make in phases(device):
-        passes = make(target, cfg)
+        with target:  # MetaScheduleApplyDatabase reads the current target when constructed
+            passes = make(target, cfg)
         out[name] = [getattr(p, "info", None).name if getattr(p, "info", None) else type(p).__name__
                      for p in passes]
     return out
 
 
 def optimize(mod, target, device: str, cfg: PipelineConfig | None = None,
-             dump: Callable[[str, object], None] | None = None):
+             dump: Callable[[str, object], None] | None = None, until: str | None = None):
     """Run every phase before `lower` on `mod`; return the optimized IRModule.
 
     Args:
         dump: called as dump(phase_name, mod) after each phase (TVMOPT_SAVE_TEMPS).
+        until: stop after this phase (e.g. "fuse": the module whose fused functions tuning
+            extracts as tasks and the database phase later looks up).
     """
     import tvm
 
@@ -131,6 +143,8 @@ def optimize(mod, target, device: str, cfg: PipelineConfig | None = None,
                 mod = seq(mod)
             if dump:
                 dump(name, mod)
+            if name == until:
+                break
     return mod
 
 
