@@ -143,6 +143,10 @@ class Reshape:
                 data = as_shape_tensor(bb, data)
             if prim is not None:
                 data = as_shape_tensor(bb, data)
+            target_ty = getattr(inputs[1], "ty", None)
+            if target is None and not isinstance(inputs[1], relax.ShapeExpr) and \
+                    isinstance(target_ty, relax.TensorType):
+                return _runtime_reshape(bb, data, inputs[1], attr.get("allowzero", 0))
             return _tvm_converter("Reshape").get_converter(opset)(
                 bb, [data, *inputs[1:]], attr, params)
 
@@ -225,3 +229,91 @@ class Expand:
             return relax.op.broadcast_to(data, relax.ShapeExpr(out))
 
         return convert
+
+
+# Ops whose TVM (or tvmopt) converter takes shape values (ShapeExpr / shape-typed vars) as inputs.
+SHAPE_AWARE_OPS = {"Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape", "Expand",
+                   "Concat", "Equal", "Where", "Cast", "CastLike", "Squeeze", "Identity"}
+# Ops whose converter takes scalar dims (PrimValue / TIR expressions) as inputs.
+PRIM_AWARE_OPS = {"Reshape", "Range", "Unsqueeze", "Cast", "CastLike", "Identity", "Add", "Sub",
+                  "Mul", "Div", "Equal"}
+
+
+def _is_shape_value(value) -> bool:
+    from tvm import relax
+
+    return isinstance(value, relax.Expr) and isinstance(getattr(value, "ty", None), relax.ShapeType)
+
+
+def _is_tensor_var(value) -> bool:
+    import tvm
+    from tvm import relax
+
+    return (isinstance(value, relax.Expr) and not isinstance(value, tvm.ir.GenericConst)
+            and isinstance(getattr(value, "ty", None), relax.TensorType))
+
+
+def materialize_inputs(bb, nodes: dict, node):
+    """Return `node`, with shape-value inputs its op cannot take replaced by int64 tensors.
+
+    The tensor is bound under a new name in `nodes` (the importer's value table), and a copy of
+    the node refers to it; other consumers keep the symbolic value.
+    """
+    names = list(node.input)
+    changed = False
+    op = node.op_type
+    values = [nodes.get(n) if n else None for n in names]
+    mixed_prims = op in PRIM_AWARE_OPS and any(_is_tensor_var(v) for v in values) \
+        and op not in ("Reshape", "Range", "Unsqueeze", "Identity", "Cast", "CastLike")
+    for k, (name, value) in enumerate(zip(names, values)):
+        if value is None:
+            continue
+        shape_val = _is_shape_value(value) and op not in SHAPE_AWARE_OPS
+        prim_val = prim_of(value) is not None and (op not in PRIM_AWARE_OPS or mixed_prims)
+        if not (shape_val or prim_val):
+            continue
+        alias = f"{name}__tvmopt_tensor"
+        if alias not in nodes:
+            nodes[alias] = as_shape_tensor(bb, value)
+        names[k] = alias
+        changed = True
+    if not changed:
+        return node
+    import onnx
+
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    del copy.input[:]
+    copy.input.extend(names)
+    return copy
+
+
+def _runtime_reshape(bb, data, shape, allowzero: int):
+    """Reshape to a shape known only at run time (ONNX 0 and -1 resolved in the graph)."""
+    from tvm import relax, tirx
+
+    sty = shape.ty
+    if sty.ndim != 1 or not isinstance(sty.shape, relax.ShapeExpr) or \
+            not isinstance(sty.shape.values[0], tirx.IntImm):
+        raise ValueError("Reshape to a run-time shape needs a 1-d shape of known length")
+    length = int(sty.shape.values[0].value)
+    rank = data.ty.ndim
+    shape = bb.normalize(relax.op.astype(shape, "int64")) if str(sty.dtype) != "int64" else shape
+    dims = bb.normalize(relax.op.shape_to_tensor(relax.op.shape_of(data)))
+    zero = relax.const(0, "int64")
+    minus_one = relax.const(-1, "int64")
+    if not allowzero and rank is not None and rank >= 0:
+        # 0 copies the input dim at the same position.
+        if length <= rank:
+            same_pos = relax.op.strided_slice(dims, axes=[0], begin=[0], end=[length])
+        else:
+            same_pos = relax.op.concat([dims, relax.const([1] * (length - rank), "int64")], 0)
+        shape = bb.normalize(relax.op.where(relax.op.equal(shape, zero), same_pos, shape))
+    total = relax.op.prod(dims, keepdims=True)
+    known = relax.op.prod(relax.op.where(relax.op.equal(shape, minus_one),
+                                         relax.const(1, "int64"), shape), keepdims=True)
+    inferred = relax.op.floor_divide(total, relax.op.maximum(known, relax.const(1, "int64")))
+    shape = bb.normalize(relax.op.where(relax.op.equal(shape, minus_one), inferred, shape))
+    from tvm.relax.frontend.onnx.onnx_frontend import _tensor_to_shape_expr
+
+    return relax.op.reshape(data, _tensor_to_shape_expr(bb, shape, length, "reshape_dim"))
