@@ -90,6 +90,12 @@ def _make_importer_class():
             for node in graph.node:
                 node = shape_values.materialize_inputs(self.bb, self._nodes, node)
                 super()._construct_nodes(_OneNode(node))
+            # A graph output that is a shape value (e.g. Shape(x) itself) leaves as a tensor.
+            for out in graph.output:
+                value = self._nodes.get(out.name)
+                if value is not None and (shape_values.prim_of(value) is not None or
+                                          shape_values._is_shape_value(value)):
+                    self._nodes[out.name] = shape_values.as_shape_tensor(self.bb, value)
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
             cmap = converter_map()

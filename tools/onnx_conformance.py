@@ -68,8 +68,58 @@ class Result:
 # Collecting cases
 
 
-def collect(ops: set[str] | None = None) -> list[Case]:
-    """All node cases of the installed onnx package, each tagged with the op it tests."""
+# Operand names (ONNX schema) that exported models carry as constants, not as data.
+NON_DATA_OPERANDS = {"axes", "shape", "pads", "scales", "sizes", "repeats", "K", "k", "starts",
+                     "ends", "steps", "split", "depth", "roi", "axis", "output_shape", "size",
+                     "constant_value", "max_output_boxes_per_class", "iou_threshold",
+                     "score_threshold", "limit", "delta", "start", "block_shape", "image_shape",
+                     "frame_step", "frame_length", "dft_length", "window"}
+
+
+def bind_non_data_inputs(model_bytes: bytes, inputs: list) -> tuple[bytes, list]:
+    """Make operand inputs (axes, shape, pads, scales, ...) initializers, as exporters write them.
+
+    Returns the new model and the remaining (data) inputs.
+    """
+    import onnx
+    from onnx import defs, numpy_helper
+
+    model = onnx.ModelProto()
+    model.ParseFromString(model_bytes)
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    operand = set()
+    for node in model.graph.node:
+        try:
+            schema = defs.get_schema(node.op_type, opsets.get(node.domain or "", 1), node.domain)
+        except Exception:  # noqa: BLE001 - unknown op: nothing to bind
+            continue
+        formal = [f.name for f in schema.inputs]
+        for k, name in enumerate(node.input):
+            fname = formal[min(k, len(formal) - 1)] if formal else ""
+            if k > 0 and fname in NON_DATA_OPERANDS:
+                operand.add(name)
+    keep_vi, keep_vals, changed = [], [], False
+    for vi, value in zip(model.graph.input, inputs):
+        if vi.name in operand and value is not None and not isinstance(value, list):
+            model.graph.initializer.append(numpy_helper.from_array(value, vi.name))
+            changed = True
+        else:
+            keep_vi.append(vi)
+            keep_vals.append(value)
+    if not changed:
+        return model_bytes, inputs
+    del model.graph.input[:]
+    model.graph.input.extend(keep_vi)
+    return model.SerializeToString(), keep_vals
+
+
+def collect(ops: set[str] | None = None, bind_operands: bool = False) -> list[Case]:
+    """All node cases of the installed onnx package, each tagged with the op it tests.
+
+    Args:
+        ops: only cases of these op types.
+        bind_operands: make operand inputs (axes, shapes, pads, ...) constants.
+    """
     import numpy as np
     from onnx import numpy_helper
     from onnx.backend.test.case.node import collect_testcases
@@ -94,8 +144,11 @@ def collect(ops: set[str] | None = None) -> list[Case]:
                 return [arr(v) for v in x]
             return x if x is None else np.asarray(x)
 
-        cases.append(Case(tc.name, op, expanded, tc.model.SerializeToString(),
-                          [arr(x) for x in inputs], [arr(x) for x in outputs], tc.rtol, tc.atol))
+        model_bytes, ins = tc.model.SerializeToString(), [arr(x) for x in inputs]
+        if bind_operands:
+            model_bytes, ins = bind_non_data_inputs(model_bytes, ins)
+        cases.append(Case(tc.name, op, expanded, model_bytes, ins, [arr(x) for x in outputs],
+                          tc.rtol, tc.atol))
     return cases
 
 
@@ -419,11 +472,14 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
     ap.add_argument("--json", dest="json_path", default=None, help="write the full report here")
     ap.add_argument("--failures", action="store_true", help="list every failing case")
+    ap.add_argument("--const-operands", action="store_true",
+                    help="bind operand inputs (axes, shape, pads, scales, ...) as initializers, "
+                         "as exported models have them")
     ap.add_argument("--quiet", action="store_true", help="no per-case progress")
     args = ap.parse_args(argv)
 
     ops = set(args.ops.split(",")) if args.ops else None
-    cases = collect(ops)
+    cases = collect(ops, args.const_operands)
     if args.names:
         wanted = set(args.names.split(","))
         cases = [c for c in cases if c.name in wanted]
@@ -449,6 +505,7 @@ def main(argv=None) -> int:
     if args.json_path:
         report = {"versions": _versions(), "selection": {"sample": args.sample, "seed": args.seed,
                                                          "ops": args.ops, "jobs": args.jobs,
+                                                         "const_operands": args.const_operands,
                                                          "timeout": args.timeout},
                   "wall_s": round(wall, 1), "summary": summary,
                   "cases": [asdict(r) for r in sorted(results, key=lambda r: r.name)]}

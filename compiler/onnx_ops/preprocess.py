@@ -25,11 +25,96 @@ _MAX_OUTPUT_ELEMENTS = 1 << 16
 
 def run(model):
     """Return a model the importer takes; the input is not modified."""
+    from . import converter_map
+
+    try:
+        model = expand_functions(model, set(converter_map()) | {"If", "Constant"})
+    except Exception as err:  # noqa: BLE001 - leave the op to the unsupported-op report
+        warnings.warn(f"tvmopt: function expansion skipped: {err}")
     try:
         return fold_constants(model)
     except Exception as err:  # noqa: BLE001 - folding is an optimisation; import still proceeds
         warnings.warn(f"tvmopt: constant folding skipped: {err}")
         return model
+
+
+def _function_body(node, schema, opset: int, input_types):
+    """The FunctionProto defining `node` at `opset` (plain or context-dependent), else None."""
+    from onnx import FunctionProto
+
+    versions = [v for v in schema.function_opset_versions if v <= opset]
+    ctx_versions = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
+    proto = FunctionProto()
+    if versions and (not ctx_versions or max(versions) >= max(ctx_versions)):
+        proto.ParseFromString(schema.get_function_with_opset_version(max(versions)))
+    elif ctx_versions:
+        if any(t is None for t in input_types):
+            return None
+        proto.ParseFromString(schema.get_context_dependent_function_with_opset_version(
+            max(ctx_versions), node.SerializeToString(),
+            [t.SerializeToString() for t in input_types]))
+    else:
+        return None
+    return proto
+
+
+def expand_functions(model, supported: set[str], rounds: int = 3):
+    """Replace nodes of ops with no converter by their ONNX function body, when the spec has one.
+
+    Many newer ops (SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss, CenterCropPad, Swish,
+    RotaryEmbedding, ...) are defined in the spec as functions of simpler ops; expanding them is
+    the spec's own semantics. Nested function ops are expanded over a few rounds.
+    """
+    import onnx
+    from onnx import TypeProto, defs
+    # onnx's own renaming helper for function bodies (used by its backend test generator).
+    from onnx.backend.test.case.node import function_expand_helper
+
+    opset = _default_opset(model)
+    for round_ in range(rounds):
+        todo = [n for n in model.graph.node if n.domain in ("", "ai.onnx")
+                and n.op_type not in supported]
+        if not todo:
+            return model
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001
+            inferred = model
+        types = {vi.name: vi.type for g in [inferred.graph]
+                 for vi in list(g.input) + list(g.value_info) + list(g.output)}
+        new_nodes, changed = [], False
+        for k, node in enumerate(model.graph.node):
+            body = None
+            if node in todo:
+                try:
+                    schema = defs.get_schema(node.op_type, opset, node.domain)
+                except Exception:  # noqa: BLE001 - unknown op: reported later
+                    schema = None
+                if schema is not None and (schema.has_function or
+                                           schema.has_context_dependent_function):
+                    full = onnx.NodeProto()
+                    full.CopyFrom(node)
+                    for name, a in schema.attributes.items():  # defaults the body refers to
+                        if a.default_value and a.default_value.name and \
+                                name not in {x.name for x in full.attribute}:
+                            full.attribute.append(a.default_value)
+                    in_types = [types.get(i, TypeProto()) if i else TypeProto()
+                                for i in full.input]
+                    body = _function_body(full, schema, opset, in_types)
+            if body is None:
+                new_nodes.append(node)
+                continue
+            prefix = f"{node.name or node.op_type}_{round_}_{k}__"
+            new_nodes.extend(function_expand_helper(full, body, prefix))
+            changed = True
+        if not changed:
+            return model
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        del out.graph.node[:]
+        out.graph.node.extend(new_nodes)
+        model = out
+    return model
 
 
 def _static_shapes(model) -> dict[str, tuple[int, ...]]:
