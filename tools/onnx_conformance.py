@@ -73,7 +73,7 @@ NON_DATA_OPERANDS = {"axes", "shape", "pads", "scales", "sizes", "repeats", "K",
                      "ends", "steps", "split", "depth", "roi", "axis", "output_shape", "size",
                      "constant_value", "max_output_boxes_per_class", "iou_threshold",
                      "score_threshold", "limit", "delta", "start", "block_shape", "image_shape",
-                     "frame_step", "frame_length", "dft_length", "window"}
+                     "frame_step", "frame_length", "dft_length", "window", "training_mode", "ratio"}
 
 
 def bind_non_data_inputs(model_bytes: bytes, inputs: list) -> tuple[bytes, list]:
