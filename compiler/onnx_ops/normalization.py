@@ -60,3 +60,34 @@ class LayerNormalization:
         if bias is not None:
             y = relax.op.add(y, bias)
         return relax.Tuple([bb.normalize(y), mean, inv_std])
+
+
+@register("RMSNormalization")
+class RMSNormalization:
+    """RMSNormalization by its definition; TVM's fused rms_norm fails when the scale's rank
+    differs from the number of normalized axes (a broadcastable scale)."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        return cls._convert
+
+    @staticmethod
+    def _convert(bb, inputs, attr, params):
+        from tvm import relax
+
+        data, scale = inputs[0], inputs[1]
+        rank = data.ty.ndim
+        if rank is None or rank < 0:
+            raise ValueError("RMSNormalization needs a known input rank")
+        axis = attr.get("axis", -1)
+        axis = axis + rank if axis < 0 else axis
+        axes = list(range(axis, rank))
+        eps = float(attr.get("epsilon", 1e-5))
+        dtype = str(data.ty.dtype)
+        stash = _onnx_dtype(attr.get("stash_type", 1))
+        x = relax.op.astype(data, stash) if stash != dtype else data
+        ms = relax.op.mean(relax.op.multiply(x, x), axes, keepdims=True)
+        normed = relax.op.multiply(x, relax.op.rsqrt(relax.op.add(ms, relax.const(eps, stash))))
+        if stash != dtype:
+            normed = relax.op.astype(normed, dtype)
+        return relax.op.multiply(normed, scale)
