@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +20,10 @@ RECORD = ROOT / "tests" / "data" / "onnx_conformance_sample.json"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("onnx_conformance",
-                                                  ROOT / "tools" / "onnx_conformance.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    # Imported by name from tools/ so that spawned workers can unpickle its cases.
+    if str(ROOT / "tools") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tools"))
+    return importlib.import_module("onnx_conformance")
 
 
 def test_conformance_sample_does_not_regress():

@@ -475,11 +475,15 @@ def main(argv=None) -> int:
     ap.add_argument("--const-operands", action="store_true",
                     help="bind operand inputs (axes, shape, pads, scales, ...) as initializers, "
                          "as exported models have them")
+    ap.add_argument("--record", default=None, metavar="PATH",
+                    help="write the sample's passing cases as the regression record "
+                         "(tests/data/onnx_conformance_sample.json)")
     ap.add_argument("--quiet", action="store_true", help="no per-case progress")
     args = ap.parse_args(argv)
 
     ops = set(args.ops.split(",")) if args.ops else None
     cases = collect(ops, args.const_operands)
+    total_cases = len(cases)
     if args.names:
         wanted = set(args.names.split(","))
         cases = [c for c in cases if c.name in wanted]
@@ -502,6 +506,12 @@ def main(argv=None) -> int:
     print_report(summary, results, args.failures)
     wall = time.time() - t0
     print(f"\n  wall time {wall:.0f} s with --jobs {args.jobs}", flush=True)
+    if args.record:
+        record = {"total_cases": total_cases, "sample": len(cases), "seed": args.seed,
+                  "passed": summary["tvmopt"]["passed"],
+                  "passing": sorted(r.name for r in results if r.passed)}
+        with open(args.record, "w") as f:
+            json.dump(record, f, indent=1)
     if args.json_path:
         report = {"versions": _versions(), "selection": {"sample": args.sample, "seed": args.seed,
                                                          "ops": args.ops, "jobs": args.jobs,
