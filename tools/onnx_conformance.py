@@ -96,7 +96,7 @@ def bind_non_data_inputs(model_bytes: bytes, inputs: list) -> tuple[bytes, list]
         formal = [f.name for f in schema.inputs]
         for k, name in enumerate(node.input):
             fname = formal[min(k, len(formal) - 1)] if formal else ""
-            if k > 0 and fname in NON_DATA_OPERANDS:
+            if fname in NON_DATA_OPERANDS:
                 operand.add(name)
     keep_vi, keep_vals, changed = [], [], False
     for vi, value in zip(model.graph.input, inputs):

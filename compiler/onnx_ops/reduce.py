@@ -67,3 +67,47 @@ class LpNormalization:
         zero = relax.const(0, dtype)
         return relax.op.where(relax.op.equal(norm, zero), relax.op.zeros_like(x),
                               relax.op.divide(x, norm))
+
+
+def _reduce_axes(inputs, attr, rank: int):
+    """Constant reduction axes from the attribute (opset < 18) or the input; None = identity."""
+    import tvm
+
+    axes = attr.get("axes")
+    if len(inputs) > 1 and inputs[1] is not None:
+        if not isinstance(inputs[1], tvm.ir.GenericConst):
+            raise ValueError("only constant reduction axes are supported (given at run time)")
+        axes = inputs[1].value.numpy().reshape(-1).tolist()
+    if not axes:
+        if attr.get("noop_with_empty_axes", 0):
+            return None
+        return list(range(rank))
+    return sorted(a + rank if a < 0 else a for a in axes)
+
+
+@register("ReduceLogSumExp")
+class ReduceLogSumExp:
+    """log(sum(exp(x))) shifted by the max, in the input dtype (TVM's failed for float64)."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        return cls._convert
+
+    @staticmethod
+    def _convert(bb, inputs, attr, params):
+        import numpy as np
+        from tvm import relax
+
+        x = inputs[0]
+        axes = _reduce_axes(inputs, attr, x.ty.ndim)
+        if axes is None:
+            return x
+        dtype = str(x.ty.dtype)
+        keep = bool(attr.get("keepdims", 1))
+        m = bb.normalize(relax.op.max(x, axes, keepdims=True))
+        neg_inf = relax.const(np.array(-np.inf, dtype=dtype), dtype)
+        # An all -inf (or empty) slice would give -inf - -inf = NaN; shift it by 0 instead.
+        m = bb.normalize(relax.op.where(relax.op.equal(m, neg_inf), relax.op.zeros_like(m), m))
+        s = relax.op.sum(relax.op.exp(relax.op.subtract(x, m)), axes, keepdims=True)
+        out = bb.normalize(relax.op.add(relax.op.log(s), m))
+        return relax.op.squeeze(out, axes) if not keep else out
