@@ -72,7 +72,10 @@ class Attention:
             scale = 1.0 / np.sqrt(head)
         root = relax.const(np.array(np.sqrt(scale), dtype=dtype), dtype)
 
-        neg_inf = relax.const(np.array(-np.inf, dtype=dtype), dtype)
+        # Masked scores use the dtype's lowest finite value rather than -inf: exp() still gives
+        # exactly 0, and LLVM's fast-math code (no-infs) then keeps the row checks below sound.
+        neg_inf = relax.const(np.array(np.finfo(dtype).min if dtype != "bfloat16" else -3.38e38,
+                                       dtype=dtype), dtype)
         zero = relax.const(np.array(0, dtype=dtype), dtype)
         bias = None
         if mask is not None:
@@ -123,10 +126,19 @@ class Attention:
         sm_dtype = _onnx_dtype(attr["softmax_precision"]) if "softmax_precision" in attr else dtype
         if sm_dtype != dtype:
             scores = relax.op.astype(scores, sm_dtype)
-        probs = bb.normalize(relax.op.nn.softmax(scores, axis=-1))
+        masked_row = None
         if bias is not None:
-            # A row with every key masked softmaxes to NaN; the spec makes it all zeros.
-            masked_row = relax.op.equal(relax.op.max(bias, axis=-1, keepdims=True), neg_inf)
+            # A row with every key masked would softmax to NaN; the spec makes it all zeros.
+            # Never create the NaN (a later select does not reliably remove it once fused):
+            # give such rows finite scores, then zero their probabilities.
+            half = relax.const(np.array(np.finfo(dtype).min / 2 if dtype != "bfloat16"
+                                        else -1.6e38, dtype=dtype), dtype)
+            masked_row = bb.normalize(relax.op.less_equal(
+                relax.op.max(bias, axis=-1, keepdims=True), half))
+            scores = bb.normalize(relax.op.where(
+                masked_row, relax.const(np.array(0, dtype=sm_dtype), sm_dtype), scores))
+        probs = bb.normalize(relax.op.nn.softmax(scores, axis=-1))
+        if masked_row is not None:
             probs = bb.normalize(relax.op.where(
                 masked_row, relax.const(np.array(0, dtype=sm_dtype), sm_dtype), probs))
         if mode == 3:
