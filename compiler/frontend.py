@@ -61,6 +61,13 @@ def _unsupported_message(model, missing: dict[str, list[str]]) -> str:
     return f"unsupported ONNX op types at opset {opset}: " + "; ".join(parts)
 
 
+class _OneNode:
+    """A graph holding one node, for feeding TVM's importer node by node."""
+
+    def __init__(self, node):
+        self.node = [node]
+
+
 def _make_importer_class():
     from tvm import relax
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
@@ -72,6 +79,23 @@ def _make_importer_class():
 
         def _check_for_unsupported_ops(self, graph):
             pass  # done before import by unsupported_ops(), with node names
+
+        def _construct_nodes(self, graph):
+            # TVM refuses a node whose input is a shape value (Shape(x) kept as a ShapeExpr, a
+            # dim as a scalar) unless the op is on its short list, which fails expanded function
+            # bodies (LayerNormalization_expanded: Shape -> ConstantOfShape -> ...). Feed such
+            # inputs as int64 tensors instead, one node at a time.
+            from .onnx_ops import shape_values
+
+            for node in graph.node:
+                node = shape_values.materialize_inputs(self.bb, self._nodes, node)
+                super()._construct_nodes(_OneNode(node))
+            # A graph output that is a shape value (e.g. Shape(x) itself) leaves as a tensor.
+            for out in graph.output:
+                value = self._nodes.get(out.name)
+                if value is not None and (shape_values.prim_of(value) is not None or
+                                          shape_values._is_shape_value(value)):
+                    self._nodes[out.name] = shape_values.as_shape_tensor(self.bb, value)
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
             cmap = converter_map()

@@ -1,0 +1,37 @@
+"""NonMaxSuppression: refuse run-time limits instead of silently ignoring them.
+
+TVM's converter reads max_output_boxes_per_class / iou_threshold / score_threshold only when
+they are constants and otherwise substitutes defaults (max 0 boxes: an empty result).
+"""
+
+from __future__ import annotations
+
+from . import register
+
+
+def _tvm_converter(op_type: str):
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    return onnx_frontend._get_convert_map()[op_type]
+
+
+@register("NonMaxSuppression")
+class NonMaxSuppression:
+    @classmethod
+    def get_converter(cls, opset):
+        def convert(bb, inputs, attr, params):
+            import tvm
+            from tvm import relax
+
+            names = ["max_output_boxes_per_class", "iou_threshold", "score_threshold"]
+            for name, value in zip(names, list(inputs)[2:5]):
+                if value is None or isinstance(value, tvm.ir.GenericConst):
+                    continue
+                if isinstance(value, relax.Var) and value.name in params[1]:
+                    continue
+                raise ValueError(f"NonMaxSuppression needs a constant {name}; it is computed "
+                                 "at run time here")
+            return _tvm_converter("NonMaxSuppression").get_converter(opset)(bb, inputs, attr,
+                                                                            params)
+
+        return convert

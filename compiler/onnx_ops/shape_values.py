@@ -1,0 +1,319 @@
+"""Shape arithmetic that exporters emit around dynamic dims, kept symbolic.
+
+TVM's importer carries `Shape(x)` as a `relax.ShapeExpr` and a single dim as a scalar
+`PrimValue`, so `Reshape(x, Concat(Shape(x)[0:1], [-1]))` keeps the symbolic dim `batch`.
+Exporters also emit patterns its converters do not expect: torch's dynamo exporter writes
+`Reshape(Squeeze(Shape(x)) * 4, [1])` (a scalar dim reshaped to a 1-d shape) and
+`Range(0, seq, 1)`, whose length TVM turns into a fresh unknown var, so `emb + pos_emb`
+loses its shape. The converters here handle those cases symbolically and defer to TVM's
+for everything else.
+"""
+
+from __future__ import annotations
+
+from . import register
+
+
+def _tvm_converter(op_type: str):
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    return onnx_frontend._get_convert_map()[op_type]
+
+
+def prim_of(value):
+    """The TIR expression of a scalar shape value (PrimValue or TIR expr), else None."""
+    import tvm
+
+    # TVM 0.27 unified the IRs: relax.prim_value(e) is the TIR expression e itself.
+    return value if tvm.ir.is_prim_expr(value) else None
+
+
+def const_ints(value):
+    """A constant integer tensor as a Python list (0-d: int), else None."""
+    import numpy as np
+    import tvm
+
+    if isinstance(value, tvm.ir.GenericConst):
+        arr = value.value.numpy()
+        if arr.dtype.kind in "iu":
+            return arr.tolist()
+    return None
+
+
+def as_shape_tensor(bb, value):
+    """Materialise a shape value (ShapeExpr, shape-typed var or scalar dim) as an int64 tensor."""
+    from tvm import relax, tirx
+
+    prim = prim_of(value)
+    if prim is not None:
+        if str(prim.ty) != "int64":
+            prim = tirx.Cast("int64", prim)
+        tensor = bb.normalize(relax.op.shape_to_tensor(relax.ShapeExpr([prim])))
+        return bb.normalize(relax.op.reshape(tensor, ()))
+    if isinstance(value, relax.Expr) and isinstance(value.ty, relax.ShapeType):
+        return bb.normalize(relax.op.shape_to_tensor(value))
+    return value
+
+
+def _scalar_dim(value):
+    """A Range/Reshape operand as a TIR int expression, when it is one (const or shape value)."""
+    from tvm import tirx
+
+    prim = prim_of(value)
+    if prim is not None:
+        if "int" not in str(prim.ty):
+            return None
+        return prim if str(prim.ty) == "int64" else tirx.Cast("int64", prim)
+    ints = const_ints(value)
+    if isinstance(ints, int):
+        return tirx.IntImm("int64", ints)
+    if isinstance(ints, list) and len(ints) == 1:
+        return tirx.IntImm("int64", ints[0])
+    return None
+
+
+@register("Range")
+class Range:
+    """Integer Range over symbolic dims gets a symbolic length (e.g. `seq`), not a fresh var."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        return lambda bb, inputs, attr, params: cls._convert(bb, inputs, attr, params, opset)
+
+    @classmethod
+    def _convert(cls, bb, inputs, attr, params, opset):
+        from tvm import relax, tirx
+        from tvm.sym.analyzer import Analyzer
+
+        start, limit, delta = (_scalar_dim(x) for x in inputs[:3])
+        step = const_ints(inputs[2])
+        step = step if isinstance(step, int) else (step[0] if isinstance(step, list) and
+                                                   len(step) == 1 else None)
+        dtype = _dtype_of(inputs[0])
+        symbolic = any(prim_of(x) is not None for x in inputs[:3])
+        if not symbolic or any(x is None for x in (start, limit, delta)) or not step or dtype is None \
+                or "int" not in dtype:
+            return _tvm_converter("Range").get_converter(opset)(bb, inputs, attr, params)
+        analyzer = Analyzer()
+        if step > 0:
+            count = tirx.floordiv(limit - start + (step - 1), step)
+        else:
+            count = tirx.floordiv(start - limit + (-step - 1), -step)
+        count = analyzer.simplify(tirx.max(count, tirx.IntImm("int64", 0)))
+        out = relax.op.arange(0, count, 1, "int64")
+        if step != 1:
+            out = relax.op.multiply(out, relax.const(step, "int64"))
+        if not (isinstance(start, tirx.IntImm) and start.value == 0):
+            out = relax.op.add(out, as_shape_tensor(bb, start))
+        if dtype != "int64":
+            out = relax.op.astype(out, dtype)
+        return out
+
+
+def _dtype_of(value):
+    from tvm import relax
+
+    prim = prim_of(value)
+    if prim is not None:
+        return str(prim.ty)
+    if isinstance(value, relax.Expr) and isinstance(value.ty, relax.TensorType):
+        return str(value.ty.dtype)
+    return None
+
+
+@register("Reshape")
+class Reshape:
+    """A scalar dim reshaped to [1] / [-1] becomes a one-element ShapeExpr (and [] stays scalar)."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        def convert(bb, inputs, attr, params):
+            from tvm import relax
+
+            prim = prim_of(inputs[0])
+            target = const_ints(inputs[1])
+            if prim is not None and target is not None:
+                if target in ([1], [-1]):
+                    return relax.ShapeExpr([prim])
+                if target == []:
+                    return inputs[0]
+            data = inputs[0]
+            if isinstance(data, relax.Expr) and isinstance(data.ty, relax.ShapeType) \
+                    and not isinstance(data, relax.ShapeExpr):
+                data = as_shape_tensor(bb, data)
+            if prim is not None:
+                data = as_shape_tensor(bb, data)
+            target_ty = getattr(inputs[1], "ty", None)
+            if target is None and not isinstance(inputs[1], relax.ShapeExpr) and \
+                    isinstance(target_ty, relax.TensorType):
+                return _runtime_reshape(bb, data, inputs[1], attr.get("allowzero", 0))
+            return _tvm_converter("Reshape").get_converter(opset)(
+                bb, [data, *inputs[1:]], attr, params)
+
+        return convert
+
+
+@register("Gather")
+class Gather:
+    """Gather from a shape whose dims are unknown at import (a shape-typed var) reads it as a tensor."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        def convert(bb, inputs, attr, params):
+            from tvm import relax
+
+            data = inputs[0]
+            if isinstance(data, relax.Expr) and isinstance(data.ty, relax.ShapeType) \
+                    and not isinstance(data, relax.ShapeExpr):
+                data = as_shape_tensor(bb, data)
+            indices = inputs[1]
+            if prim_of(indices) is not None:
+                indices = as_shape_tensor(bb, indices)
+            return _tvm_converter("Gather").get_converter(opset)(
+                bb, [data, indices, *inputs[2:]], attr, params)
+
+        return convert
+
+
+def static_dims(value):
+    """Dims of a constant int tensor or a ShapeExpr as TIR int64 exprs, else None."""
+    from tvm import relax, tirx
+
+    if isinstance(value, relax.ShapeExpr):
+        return list(value.values)
+    ints = const_ints(value)
+    if isinstance(ints, list):
+        return [tirx.IntImm("int64", int(v)) for v in ints]
+    return None
+
+
+def broadcast_dim(a, b):
+    """ONNX (numpy) broadcast of two dims, symbolic allowed: equal dims or a 1 give max(a, b)."""
+    from tvm import tirx
+    from tvm.sym.analyzer import Analyzer
+
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, tirx.IntImm) and x.value == 1:
+            return y
+    return Analyzer().simplify(tirx.max(a, b))
+
+
+@register("Expand")
+class Expand:
+    """Expand of a symbolically shaped tensor to a constant or symbolic shape, by broadcast rules."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        def convert(bb, inputs, attr, params):
+            from tvm import relax, tirx
+
+            data, shape = inputs[0], inputs[1]
+            target = static_dims(shape)
+            ty = getattr(data, "ty", None)
+            if target is None or not isinstance(ty, relax.TensorType) \
+                    or not isinstance(ty.shape, relax.ShapeExpr):
+                return _tvm_converter("Expand").get_converter(opset)(bb, inputs, attr, params)
+            dims = list(ty.shape.values)
+            rank = max(len(dims), len(target))
+            one = tirx.IntImm("int64", 1)
+            dims = [one] * (rank - len(dims)) + dims
+            target = [one] * (rank - len(target)) + target
+            out = []
+            for d, t in zip(dims, target):
+                if isinstance(t, tirx.IntImm) and t.value == -1:
+                    out.append(d)  # TVM's reading of -1: keep the input dim
+                else:
+                    out.append(broadcast_dim(d, t))
+            if len(dims) != len(ty.shape.values):
+                data = relax.op.reshape(data, relax.ShapeExpr(dims))
+            return relax.op.broadcast_to(data, relax.ShapeExpr(out))
+
+        return convert
+
+
+# Ops whose TVM (or tvmopt) converter takes shape values (ShapeExpr / shape-typed vars) as inputs.
+SHAPE_AWARE_OPS = {"Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape", "Expand",
+                   "Concat", "Equal", "Where", "Cast", "CastLike", "Squeeze", "Identity"}
+# Ops whose converter takes scalar dims (PrimValue / TIR expressions) as inputs.
+PRIM_AWARE_OPS = {"Reshape", "Range", "Unsqueeze", "Cast", "CastLike", "Identity", "Add", "Sub",
+                  "Mul", "Div", "Equal"}
+
+
+def _is_shape_value(value) -> bool:
+    from tvm import relax
+
+    return isinstance(value, relax.Expr) and isinstance(getattr(value, "ty", None), relax.ShapeType)
+
+
+def _is_tensor_var(value) -> bool:
+    import tvm
+    from tvm import relax
+
+    return (isinstance(value, relax.Expr) and not isinstance(value, tvm.ir.GenericConst)
+            and isinstance(getattr(value, "ty", None), relax.TensorType))
+
+
+def materialize_inputs(bb, nodes: dict, node):
+    """Return `node`, with shape-value inputs its op cannot take replaced by int64 tensors.
+
+    The tensor is bound under a new name in `nodes` (the importer's value table), and a copy of
+    the node refers to it; other consumers keep the symbolic value.
+    """
+    names = list(node.input)
+    changed = False
+    op = node.op_type
+    values = [nodes.get(n) if n else None for n in names]
+    mixed_prims = op in PRIM_AWARE_OPS and any(_is_tensor_var(v) for v in values) \
+        and op not in ("Reshape", "Range", "Unsqueeze", "Identity", "Cast", "CastLike")
+    for k, (name, value) in enumerate(zip(names, values)):
+        if value is None:
+            continue
+        shape_val = _is_shape_value(value) and op not in SHAPE_AWARE_OPS
+        prim_val = prim_of(value) is not None and (op not in PRIM_AWARE_OPS or mixed_prims)
+        if not (shape_val or prim_val):
+            continue
+        alias = f"{name}__tvmopt_tensor"
+        if alias not in nodes:
+            nodes[alias] = as_shape_tensor(bb, value)
+        names[k] = alias
+        changed = True
+    if not changed:
+        return node
+    import onnx
+
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    del copy.input[:]
+    copy.input.extend(names)
+    return copy
+
+
+def _runtime_reshape(bb, data, shape, allowzero: int):
+    """Reshape to a shape known only at run time (ONNX 0 and -1 resolved in the graph)."""
+    from tvm import relax, tirx
+
+    sty = shape.ty
+    if sty.ndim != 1 or not isinstance(sty.shape, relax.ShapeExpr) or \
+            not isinstance(sty.shape.values[0], tirx.IntImm):
+        raise ValueError("Reshape to a run-time shape needs a 1-d shape of known length")
+    length = int(sty.shape.values[0].value)
+    rank = data.ty.ndim
+    shape = bb.normalize(relax.op.astype(shape, "int64")) if str(sty.dtype) != "int64" else shape
+    dims = bb.normalize(relax.op.shape_to_tensor(relax.op.shape_of(data)))
+    zero = relax.const(0, "int64")
+    minus_one = relax.const(-1, "int64")
+    if not allowzero and rank is not None and rank >= 0:
+        # 0 copies the input dim at the same position.
+        if length <= rank:
+            same_pos = relax.op.strided_slice(dims, axes=[0], begin=[0], end=[length])
+        else:
+            same_pos = relax.op.concat([dims, relax.const([1] * (length - rank), "int64")], 0)
+        shape = bb.normalize(relax.op.where(relax.op.equal(shape, zero), same_pos, shape))
+    total = relax.op.prod(dims, keepdims=True)
+    known = relax.op.prod(relax.op.where(relax.op.equal(shape, minus_one),
+                                         relax.const(1, "int64"), shape), keepdims=True)
+    inferred = relax.op.floor_divide(total, relax.op.maximum(known, relax.const(1, "int64")))
+    shape = bb.normalize(relax.op.where(relax.op.equal(shape, minus_one), inferred, shape))
+    from tvm.relax.frontend.onnx.onnx_frontend import _tensor_to_shape_expr
+
+    return relax.op.reshape(data, _tensor_to_shape_expr(bb, shape, length, "reshape_dim"))
