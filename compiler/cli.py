@@ -206,9 +206,26 @@ def demo(target, output, runs):
     from .quickbench import latency_summary
     from .report import print_compile_result, print_latency_summary
 
-    opts = CompileOptions(model=_default_model(), target=target, output=output, verify=True)
+    from .models import DEFAULT
+    from .targets import get_target
+    from .tuning import bundled_db_dir, read_manifest
+
+    # The committed tuning database for this model and target, replayed with the shapes it was
+    # tuned at; without one, the default (dlight) schedules.
+    db = bundled_db_dir(DEFAULT, get_target(target).name)
+    db_manifest = read_manifest(db) if db.is_dir() else None
+    shapes = ([f"{k}={'x'.join(map(str, v))}" for k, v in db_manifest.get("shapes", {}).items()]
+              if db_manifest else [])
+    if not db_manifest:
+        click.echo(f"no committed tuning database for {DEFAULT} on {target}: default schedules")
+    opts = CompileOptions(model=_default_model(), target=target, output=output, verify=True,
+                          shapes=shapes, db=str(db) if db_manifest else None)
     result = compile_model(opts)
     print_compile_result(result)
+    if result.replay is not None:
+        from .report_tune import print_replay
+
+        print_replay(result.replay)
     print_latency_summary(latency_summary(result.artifact.path, opts.model, runs=runs))
 
 

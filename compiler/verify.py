@@ -35,9 +35,21 @@ def ort_session(model_path: str, threads: int | None = None):
 
 
 def run_onnxruntime(model_path: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    sess = ort_session(model_path)
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
+    """The reference outputs.
+
+    Raises:
+        VerificationError: onnxruntime itself cannot load or run the model on these inputs
+            (e.g. a legacy export that baked its example's sequence length into a Reshape).
+    """
+    try:
+        sess = ort_session(model_path)
+        names = [o.name for o in sess.get_outputs()]
+        return dict(zip(names, sess.run(names, feeds)))
+    except Exception as err:  # onnxruntime raises its own Fail/InvalidArgument/RuntimeException
+        shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise VerificationError(f"the reference, onnxruntime, cannot run {model_path} on inputs "
+                                f"{shapes}: {reason}") from None
 
 
 def compare(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], tol: Tolerance) -> list[OutputError]:

@@ -103,3 +103,25 @@ def test_host_target_detects_this_machine(save, tmp_path, cli):
     m = json.loads((tmp_path / "h" / "manifest.json").read_text())
     assert m["target"]["name"] == "host" and m["target"]["arch"] == host_arch()
     assert m["target"]["tvm"]["mcpu"]  # LLVM's name for this CPU
+
+
+def test_constant_of_shape_empty_and_symbolic(save, tmp_path, cli):
+    """ConstantOfShape with an empty shape (a scalar, as torch.onnx emits for scalar constants)
+    and with a shape computed from a symbolic input."""
+    from onnx import TensorProto, helper
+
+    from conftest import const, make_model, vi
+
+    nodes = [
+        helper.make_node("ConstantOfShape", ["empty"], ["c0"],
+                         value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.5])),
+        helper.make_node("Shape", ["x"], ["xs"]),
+        helper.make_node("ConstantOfShape", ["xs"], ["c1"],
+                         value=helper.make_tensor("w", TensorProto.FLOAT, [1], [2.0])),
+        helper.make_node("Mul", ["x", "c1"], ["m"]),
+        helper.make_node("Add", ["m", "c0"], ["y"]),
+    ]
+    m = make_model(nodes, [vi("x", ["batch", 4])], [vi("y", ["batch", 4])],
+                   [const("empty", np.zeros((0,), np.int64))])
+    res = cli("compile", save(m, "cos"), "-o", tmp_path / "cos", "--verify", "--dim", "batch=3")
+    assert res.exit_code == 0, res.output

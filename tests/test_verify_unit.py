@@ -39,3 +39,23 @@ def test_integer_outputs_compare_exactly():
     ref = {"idx": np.array([1, 2, 3])}
     assert compare({"idx": np.array([1, 2, 3])}, ref, Tolerance())[0].mismatched == 0
     assert compare({"idx": np.array([1, 2, 4])}, ref, Tolerance())[0].mismatched == 1
+
+
+def test_reference_failure_is_one_verification_error(tmp_path):
+    """A model onnxruntime cannot run on the given inputs fails verification by name."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tvmopt.verify import run_onnxruntime
+
+    # Reshape to a fixed 4 elements: fine for a [2, 2] input, impossible for [3, 2]
+    g = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [onnx.numpy_helper.from_array(np.array([4], np.int64), "s")])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert run_onnxruntime(str(path), {"x": np.ones((2, 2), np.float32)})["y"].shape == (4,)
+    with pytest.raises(VerificationError, match=r"onnxruntime, cannot run .* x\[3, 2\]"):
+        run_onnxruntime(str(path), {"x": np.ones((3, 2), np.float32)})
