@@ -108,6 +108,29 @@ def make_builder(timeout_sec: float = 60.0, workers: int = 1):
                                    max_workers=workers)
 
 
+def alloc_arguments_in_range(device, args_info, alloc_repeat):
+    """MetaSchedule's argument allocation, except that integer tensors are zero-filled.
+
+    The default fills every buffer with random bits; as indices of a `take`/gather kernel those
+    are out of range, the run fails ("Fast mode segfaults when there are out-of-bounds
+    indices"), and the task never gets a valid record. Zero is a valid index for every table.
+    """
+    import numpy as np
+    from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common
+    from tvm.s_tir.meta_schedule.utils import get_global_func_with_default_on_worker
+
+    random_fill = get_global_func_with_default_on_worker(
+        name="tvm.contrib.random.random_fill_for_measure", default=None)
+
+    def fill(arg):
+        if str(arg.dtype).startswith(("int", "uint", "bool")):
+            arg.copyfrom(np.zeros(tuple(arg.shape), dtype=str(arg.dtype)))
+        else:
+            random_fill(arg)
+
+    return alloc_argument_common(fill, device, args_info, alloc_repeat)
+
+
 def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None,
                 timeout_sec: float = 30.0, workers: int = 1):
     """LocalRunner, or RPCRunner through a tracker ('HOST:PORT') when one is given."""
@@ -116,7 +139,8 @@ def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None,
     evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=40,
                                           enable_cpu_cache_flush=False)
     if not rpc_tracker:
-        return ms.runner.LocalRunner(timeout_sec=timeout_sec, evaluator_config=evaluator)
+        return ms.runner.LocalRunner(timeout_sec=timeout_sec, evaluator_config=evaluator,
+                                     f_alloc_argument=alloc_arguments_in_range)
     host, port = parse_host_port(rpc_tracker)
     if not rpc_key:
         raise TuningError("--rpc-tracker needs --rpc-key (the key the servers registered with)")
