@@ -12,7 +12,8 @@ from tvmopt.errors import TvmoptError
 
 _NP_TO_ONNX = {np.dtype(k): v for k, v in {
     "float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int8": TensorProto.INT8,
-    "uint8": TensorProto.UINT8, "int32": TensorProto.INT32, "int64": TensorProto.INT64}.items()}
+    "uint8": TensorProto.UINT8, "int32": TensorProto.INT32, "int64": TensorProto.INT64,
+    "uint16": TensorProto.UINT16}.items()}
 
 
 def _model(node, feeds: dict, consts: dict, outputs: list[str], opset: int = 21,
@@ -299,3 +300,40 @@ def test_loop_with_runtime_trip_count_is_refused():
     model, _ = _loop_model(trip_count_const=False)
     with pytest.raises(TvmoptError, match="Loop.*trip count M is computed at run time"):
         import_onnx(model)
+
+
+# ---------------------------------------------------------------- BitCast / DFT
+
+@pytest.mark.parametrize("src,dst", [(np.float32, np.int32), (np.int64, np.float64),
+                                     (np.uint16, np.int16)])
+def test_bitcast_reinterprets_bits(src, dst):
+    x = np.array([[1.5, -2.0, 0.0], [3.25, 7.0, -0.5]]).astype(src)
+    node = helper.make_node("BitCast", ["x"], ["y"], to=helper.np_dtype_to_tensor_dtype(np.dtype(dst)))
+    model = _model(node, {"x": x}, {}, ["y"], opset=26)
+    got = _run_tvmopt(model, {"x": x})[0]
+    np.testing.assert_array_equal(got, x.view(dst))
+
+
+@pytest.mark.parametrize("attrs,channels,length", [
+    ({"axis": 1}, 1, None),                              # real input, full spectrum
+    ({"axis": 2, "onesided": 1}, 1, None),               # rfft on another axis
+    ({"axis": 1, "inverse": 1}, 2, None),                # complex inverse
+    ({"axis": 1, "inverse": 1, "onesided": 1}, 2, None), # irfft
+    ({"axis": 1}, 2, 12),                                # dft_length pads with zeros
+    ({"axis": 1}, 1, 5),                                 # dft_length truncates
+])
+def test_dft_matches_reference(attrs, channels, length):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 8, 6, channels)).astype(np.float32)
+    consts = {} if length is None else {"n": np.array(length, np.int64)}
+    node = helper.make_node("DFT", ["x", "n" if length else ""], ["y"], **attrs)
+    _check(node, {"x": x}, consts, opset=19, rtol=1e-4, atol=1e-4)
+
+
+def test_dft_runtime_axis_is_refused():
+    from tvmopt.frontend import import_onnx
+
+    node = helper.make_node("DFT", ["x", "", "axis"], ["y"])
+    feeds = {"x": np.zeros((1, 4, 1), np.float32), "axis": np.array(1, np.int64)}
+    with pytest.raises(TvmoptError, match="DFT axis is computed at run time"):
+        import_onnx(_model(node, feeds, {}, ["y"], opset=20))
