@@ -337,3 +337,17 @@ def test_dft_runtime_axis_is_refused():
     feeds = {"x": np.zeros((1, 4, 1), np.float32), "axis": np.array(1, np.int64)}
     with pytest.raises(TvmoptError, match="DFT axis is computed at run time"):
         import_onnx(_model(node, feeds, {}, ["y"], opset=20))
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (4, 3, 3), (2, 4, 4)])
+def test_det_matches_reference(shape):
+    x = np.random.default_rng(10).standard_normal(shape).astype(np.float32)
+    _check(helper.make_node("Det", ["x"], ["y"]), {"x": x}, opset=22, rtol=1e-4, atol=1e-5)
+
+
+def test_det_of_large_matrix_is_refused():
+    from tvmopt.frontend import import_onnx
+
+    feeds = {"x": np.zeros((6, 6), np.float32)}
+    with pytest.raises(TvmoptError, match="Det of 6x6"):
+        import_onnx(_model(helper.make_node("Det", ["x"], ["y"]), feeds, {}, ["y"], opset=22))
