@@ -11,7 +11,7 @@ from .errors import ImportFailure, ShapeError, UnsupportedOpError
 from .onnx_model import TensorInfo, resolve_input_shapes
 
 # Ops the importer handles itself rather than through the converter map.
-_BUILTIN_OPS = {"If", "Constant"}
+_BUILTIN_OPS = {"If", "Constant", "Scan", "Loop"}  # Scan/Loop: onnx_ops.control_flow
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -85,10 +85,13 @@ def _make_importer_class():
             # dim as a scalar) unless the op is on its short list, which fails expanded function
             # bodies (LayerNormalization_expanded: Shape -> ConstantOfShape -> ...). Feed such
             # inputs as int64 tensors instead, one node at a time.
-            from .onnx_ops import shape_values
+            from .onnx_ops import control_flow, shape_values
 
             for node in graph.node:
                 node = shape_values.materialize_inputs(self.bb, self._nodes, node)
+                if node.op_type in control_flow.UNROLLED:  # they need the importer, not a converter
+                    control_flow.unroll(self, node)
+                    continue
                 super()._construct_nodes(_OneNode(node))
             # A graph output that is a shape value (e.g. Shape(x) itself) leaves as a tensor.
             for out in graph.output:

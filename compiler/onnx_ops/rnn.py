@@ -1,0 +1,246 @@
+"""RNN / GRU / LSTM, unrolled over a static sequence length.
+
+TVM 0.27's Relax frontend has no recurrent ops. The sequence length is static in the ONNX node
+cases and in most exported models, so each step is emitted as plain Relax ops (the input
+projection for all steps is one matmul up front). A symbolic sequence length is refused by name.
+`sequence_lens` (run-time, per batch entry) is honoured by masking: past a sequence's end its
+state is held and its Y rows are zero, as onnxruntime does; reverse directions then start at each
+sequence's own last step, since the held state stays the initial one until that step.
+"""
+
+from __future__ import annotations
+
+from . import register
+
+# Gates per op, in ONNX weight order; default activations per direction.
+_GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+_DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
+# Activations taking alpha / beta, with ONNX's defaults.
+_ALPHA = {"Affine": 1.0, "LeakyRelu": 0.01, "ThresholdedRelu": 1.0, "ScaledTanh": 1.0,
+          "HardSigmoid": 0.2, "Elu": 1.0}
+_BETA = {"Affine": 0.0, "ScaledTanh": 1.0, "HardSigmoid": 0.5}
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _activations(op: str, attr: dict, num_dirs: int) -> list[list]:
+    """Per direction, a list of callables f(x) built from activations/alpha/beta attributes."""
+    from tvm import relax
+
+    names = [_text(a) for a in attr.get("activations", [])] or _DEFAULT_ACTS[op] * num_dirs
+    per_dir = len(_DEFAULT_ACTS[op])
+    if len(names) == per_dir and num_dirs == 2:
+        names = names * 2
+    if len(names) != per_dir * num_dirs:
+        raise ValueError(f"{op} expects {per_dir * num_dirs} activations, got {len(names)}")
+    alphas = list(attr.get("activation_alpha", []))
+    betas = list(attr.get("activation_beta", []))
+
+    def make(name, dtype):
+        alpha = alphas.pop(0) if name in _ALPHA and alphas else _ALPHA.get(name)
+        beta = betas.pop(0) if name in _BETA and betas else _BETA.get(name)
+
+        def c(v):
+            return relax.const(v, dtype)
+
+        table = {
+            "Tanh": relax.op.tanh,
+            "Sigmoid": relax.op.sigmoid,
+            "Relu": relax.op.nn.relu,
+            "Affine": lambda x: relax.op.add(relax.op.multiply(x, c(alpha)), c(beta)),
+            "LeakyRelu": lambda x: relax.op.nn.leakyrelu(x, alpha),
+            "ThresholdedRelu": lambda x: relax.op.where(relax.op.greater(x, c(alpha)), x, c(0.0)),
+            "ScaledTanh": lambda x: relax.op.multiply(
+                c(alpha), relax.op.tanh(relax.op.multiply(x, c(beta)))),
+            "HardSigmoid": lambda x: relax.op.clip(
+                relax.op.add(relax.op.multiply(x, c(alpha)), c(beta)), 0.0, 1.0),
+            "Elu": lambda x: relax.op.where(relax.op.greater(x, c(0.0)), x, relax.op.multiply(
+                c(alpha), relax.op.subtract(relax.op.exp(x), c(1.0)))),
+            "Softsign": lambda x: relax.op.divide(x, relax.op.add(c(1.0), relax.op.abs(x))),
+            "Softplus": lambda x: relax.op.log(relax.op.add(c(1.0), relax.op.exp(x))),
+        }
+        if name not in table:
+            raise ValueError(f"activation {name} is not supported")
+        return table[name]
+
+    return [names[d * per_dir:(d + 1) * per_dir] for d in range(num_dirs)], make
+
+
+def _static_len(bb, x, axis: int, op: str) -> int:
+    from tvm import tirx
+
+    dim = bb.normalize(x).ty.shape.values[axis]
+    if not isinstance(dim, tirx.IntImm):
+        raise ValueError(f"{op} needs a static sequence length to unroll; X has dim {dim} on axis "
+                         f"{axis}")
+    return int(dim.value)
+
+
+def _split(bb, x, n: int, axis: int) -> list:
+    from tvm import relax
+
+    if n == 1:
+        return [x]
+    parts = bb.emit(relax.op.split(x, n, axis=axis))
+    return [bb.emit(relax.TupleGetItem(parts, i)) for i in range(n)]
+
+
+def _direction(bb, op, attr, xw, r, rb, p, h0, c0, mask, steps, reverse, acts, make, dtype):
+    """One direction: returns (list of H per step in time order, last H, last C)."""
+    from tvm import relax
+
+    def c(v):
+        return relax.const(v, dtype)
+
+    clip = attr.get("clip")
+    fns = [make(a, dtype) for a in acts]
+
+    def act(i, x):
+        if clip is not None:
+            x = relax.op.clip(x, -float(clip), float(clip))
+        return fns[i](x)
+
+    r_t = bb.emit(relax.op.permute_dims(r))  # [H, G*H]
+    if op == "GRU":  # the h gate's recurrence is applied separately (linear_before_reset)
+        r_z, r_r, r_h = _split(bb, r_t, 3, axis=1)
+        r_zr = bb.emit(relax.op.concat([r_z, r_r], axis=1))
+        rb_z, rb_r, rb_h = _split(bb, rb, 3, axis=0)
+        rb_zr = bb.emit(relax.op.concat([rb_z, rb_r], axis=0))
+    if op == "LSTM" and p is not None:
+        p_i, p_o, p_f = _split(bb, p, 3, axis=0)
+    h, cell = h0, c0
+    ys = [None] * steps
+    order = range(steps - 1, -1, -1) if reverse else range(steps)
+    for t in order:
+        x_t = xw[t]
+        if op == "RNN":
+            h_new = act(0, relax.op.add(x_t, relax.op.add(relax.op.matmul(h, r_t), rb)))
+        elif op == "GRU":
+            x_z, x_r, x_h = _split(bb, x_t, 3, axis=-1)
+            rec = bb.emit(relax.op.add(relax.op.matmul(h, r_zr), rb_zr))
+            rec_z, rec_r = _split(bb, rec, 2, axis=-1)
+            z = bb.emit(act(0, relax.op.add(x_z, rec_z)))
+            r_gate = bb.emit(act(0, relax.op.add(x_r, rec_r)))
+            if attr.get("linear_before_reset", 0):
+                rec_h = relax.op.multiply(r_gate, relax.op.add(relax.op.matmul(h, r_h), rb_h))
+            else:
+                rec_h = relax.op.add(relax.op.matmul(relax.op.multiply(r_gate, h), r_h), rb_h)
+            h_tilde = bb.emit(act(1, relax.op.add(x_h, rec_h)))
+            h_new = relax.op.add(relax.op.multiply(relax.op.subtract(c(1.0), z), h_tilde),
+                                 relax.op.multiply(z, h))
+        else:  # LSTM, gates i, o, f, c
+            g = bb.emit(relax.op.add(x_t, relax.op.add(relax.op.matmul(h, r_t), rb)))
+            g_i, g_o, g_f, g_c = _split(bb, g, 4, axis=-1)
+            if p is not None:
+                g_i = relax.op.add(g_i, relax.op.multiply(p_i, cell))
+                g_f = relax.op.add(g_f, relax.op.multiply(p_f, cell))
+            i_gate = bb.emit(act(0, g_i))
+            f_gate = bb.emit(relax.op.subtract(c(1.0), i_gate) if attr.get("input_forget", 0)
+                             else act(0, g_f))
+            c_new = bb.emit(relax.op.add(relax.op.multiply(f_gate, cell),
+                                         relax.op.multiply(i_gate, act(1, g_c))))
+            if p is not None:
+                g_o = relax.op.add(g_o, relax.op.multiply(p_o, c_new))
+            h_new = relax.op.multiply(act(0, g_o), fns[2](c_new))
+            if mask is not None:
+                c_new = relax.op.where(mask[t], c_new, cell)
+            cell = bb.emit(c_new)
+        h_new = bb.emit(h_new)
+        if mask is not None:
+            ys[t] = bb.emit(relax.op.where(mask[t], h_new, c(0.0)))
+            h = bb.emit(relax.op.where(mask[t], h_new, h))
+        else:
+            ys[t] = h = h_new
+    return ys, h, cell
+
+
+def _convert(op: str, bb, inputs, attr):
+    from tvm import relax
+
+    inputs = list(inputs) + [None] * 8
+    x, w, r, b, seq_lens, h0, c0, p = inputs[:8]
+    if op != "LSTM":
+        c0 = p = None
+    x = bb.normalize(x)
+    dtype = str(x.ty.dtype)
+    layout = attr.get("layout", 0)
+    direction = _text(attr.get("direction", b"forward"))
+    num_dirs = 2 if direction == "bidirectional" else 1
+    gates = _GATES[op]
+    hidden = attr.get("hidden_size")
+    if hidden is None:
+        hidden = int(bb.normalize(r).ty.shape.values[-1].value)
+        attr = dict(attr, hidden_size=hidden)
+    if layout:  # [B, T, I] -> [T, B, I]; states [B, D, H] -> [D, B, H]
+        x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
+        h0 = None if h0 is None else bb.emit(relax.op.permute_dims(h0, [1, 0, 2]))
+        c0 = None if c0 is None else bb.emit(relax.op.permute_dims(c0, [1, 0, 2]))
+    steps = _static_len(bb, x, 0, op)
+    batch = bb.normalize(x).ty.shape.values[1]
+    acts, make = _activations(op, attr, num_dirs)
+
+    mask = None
+    if seq_lens is not None:
+        # mask[t]: [B, 1] booleans, t < sequence_lens[b]
+        lens = bb.emit(relax.op.expand_dims(relax.op.astype(seq_lens, "int64"), -1))
+        mask = [bb.emit(relax.op.less(relax.const(t, "int64"), lens)) for t in range(steps)]
+
+    zeros = relax.op.zeros(relax.ShapeExpr([batch, hidden]), dtype)
+    y_dirs, h_last, c_last = [], [], []
+    for d in range(num_dirs):
+        w_d = relax.op.squeeze(relax.op.strided_slice(w, [0], [d], [d + 1]), [0])
+        r_d = bb.emit(relax.op.squeeze(relax.op.strided_slice(r, [0], [d], [d + 1]), [0]))
+        xw = relax.op.matmul(x, relax.op.permute_dims(w_d))  # [T, B, G*H]
+        if b is not None:
+            b_d = relax.op.squeeze(relax.op.strided_slice(b, [0], [d], [d + 1]), [0])
+            wb, rb = _split(bb, bb.emit(b_d), 2, axis=0)
+            xw = relax.op.add(xw, wb)
+        else:
+            rb = relax.op.zeros(relax.ShapeExpr([gates * hidden]), dtype)
+        xw = bb.emit(xw)
+        xw_steps = [bb.emit(relax.op.squeeze(s, [0])) for s in _split(bb, xw, steps, axis=0)]
+
+        def state(s0):
+            if s0 is None:
+                return bb.emit(zeros)
+            return bb.emit(relax.op.squeeze(relax.op.strided_slice(s0, [0], [d], [d + 1]), [0]))
+
+        p_d = None if p is None else bb.emit(
+            relax.op.squeeze(relax.op.strided_slice(p, [0], [d], [d + 1]), [0]))
+        reverse = direction == "reverse" or d == 1
+        ys, h, cell = _direction(bb, op, attr, xw_steps, r_d, rb, p_d, state(h0),
+                                 state(c0) if op == "LSTM" else None, mask, steps, reverse,
+                                 acts[d], make, dtype)
+        y_dirs.append(bb.emit(relax.op.stack(ys, axis=0)))  # [T, B, H]
+        h_last.append(h)
+        c_last.append(cell)
+    y = bb.emit(relax.op.stack(y_dirs, axis=1))  # [T, D, B, H]
+    y_h = bb.emit(relax.op.stack(h_last, axis=0))  # [D, B, H]
+    outs = [y, y_h]
+    if op == "LSTM":
+        outs.append(bb.emit(relax.op.stack(c_last, axis=0)))
+    if layout:
+        outs[0] = relax.op.permute_dims(outs[0], [2, 0, 1, 3])  # [B, T, D, H]
+        outs[1:] = [relax.op.permute_dims(o, [1, 0, 2]) for o in outs[1:]]
+    return relax.Tuple([bb.normalize(o) for o in outs])
+
+
+def _make(op: str):
+    @register(op)
+    class Recurrent:
+        @classmethod
+        def get_converter(cls, opset):
+            def convert(bb, inputs, attr, params):
+                return _convert(op, bb, inputs, attr)
+
+            return convert
+
+    Recurrent.__name__ = op
+    return Recurrent
+
+
+RNN = _make("RNN")
+GRU = _make("GRU")
+LSTM = _make("LSTM")
