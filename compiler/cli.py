@@ -50,9 +50,6 @@ class _Group(click.Group):
 @click.version_option(package_name="tvmopt")
 def main():
     """tvmopt: compile ONNX models with Apache TVM (Relax), tuned and verified per target."""
-    # Before anything starts TVM's CPU pool (FoldConstant runs kernels at compile time): all
-    # cores, not TVM's default of half of them. runtime.load does the same for API users.
-    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
 
 def _default_model() -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,9 +107,6 @@ def load(path, check_host: bool = True) -> LoadedModel:
         ArtifactError: bad manifest or hashes, or the library does not load.
         TargetError: this host cannot run the artifact's target.
     """
-    # TVM's CPU pool defaults to half the logical cores (1 of 2 on these machines); use them all,
-    # as onnxruntime does, unless the user chose. It is read when the pool first starts.
-    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     import tvm
     from tvm import relax
 
