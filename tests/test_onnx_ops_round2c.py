@@ -120,3 +120,26 @@ def test_resize_run_time_scales_refused_by_name():
 
     with pytest.raises(ImportFailure, match=r"up1.*'scales'.*constant"):
         import_onnx(model)
+
+
+# ---- 3. operands given at run time ------------------------------------------------------------
+
+@pytest.mark.parametrize("op,axes,keep", [
+    ("ReduceSum", [-2], 1), ("ReduceMean", [0, 2], 0), ("ReduceLogSumExp", [1], 0),
+    ("ReduceMax", [2, 0], 1), ("ReduceL2", [0, 1, 2], 0),
+])
+def test_reduce_axes_fed_at_run_time(op, axes, keep):
+    x = np.random.default_rng(3).standard_normal((3, 2, 4)).astype("float32")
+    node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=keep)
+    got = _check(node, {"x": x, "axes": np.array(axes, "int64")}, opset=18)
+    assert got.ndim == (3 if keep else 3 - len(axes))
+
+
+def test_reduce_run_time_axes_artifact_takes_other_axes():
+    """The same artifact, fed other axes, gives that reduction: the shape follows the input."""
+    x = np.random.default_rng(4).standard_normal((3, 2, 4)).astype("float32")
+    node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)
+    model = _model(node, {"x": x, "axes": np.array([0], "int64")}, {}, opset=18)
+    for axes in ([0], [2], [-2]):
+        got = _run_tvmopt(model, {"x": x, "axes": np.array(axes, "int64")})
+        np.testing.assert_allclose(got, x.sum(axis=tuple(axes)), rtol=1e-5, atol=1e-5)

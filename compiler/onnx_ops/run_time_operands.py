@@ -1,0 +1,139 @@
+"""Operands given at run time (graph inputs, not initializers) that set an output's shape.
+
+Relax can carry a data-dependent shape: the operand tensor becomes a shape
+(`relax.op.tensor_to_shape`), `match_cast` binds it to fresh symbolic vars, and the kernels are
+emitted over those vars; the VM computes the real shape when the artifact runs. The artifact
+keeps taking the operand as a normal input. Each converter here handles the run-time case and
+hands the constant case, unchanged, to the converter it wraps.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from . import register
+
+_REDUCE_OPS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+               "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
+_fresh = itertools.count()
+
+
+def _base_converter(op_type: str, opset: int):
+    """The converter this module wraps: tvmopt's own where it has one, else TVM's."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    from . import reduce
+
+    own = {"ReduceLogSumExp": reduce.ReduceLogSumExp}
+    cls = own.get(op_type) or onnx_frontend._get_convert_map()[op_type]
+    return cls.get_converter(opset)
+
+
+def is_run_time(value, params) -> bool:
+    """True when `value` is an operand computed or fed at run time (not a constant)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx.onnx_frontend import get_constant
+
+    if value is None:
+        return False
+    value = get_constant(value, params)
+    return not isinstance(value, (tvm.ir.GenericConst, relax.ShapeExpr))
+
+
+def shape_vars(bb, tensor, n: int, hint: str):
+    """Bind the n int64 values of a 1-D run-time tensor to fresh symbolic vars."""
+    from tvm import relax, tirx
+
+    shape = bb.emit(relax.op.tensor_to_shape(tensor))
+    names = [f"{hint}{next(_fresh)}" for _ in range(n)]
+    dims = [tirx.Var(name, "int64") for name in names]
+    bb.match_cast(shape, relax.ShapeType(dims))
+    return dims
+
+
+def _static_len(value, what: str) -> int:
+    from tvm import tirx
+
+    shape = getattr(value.ty, "shape", None)
+    if shape is None or len(shape) != 1 or not isinstance(shape[0], (int, tirx.IntImm)):
+        raise ValueError(f"operand '{what}' needs a static 1-D shape to be given at run time")
+    return int(shape[0])
+
+
+def _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params):
+    """Reduce over axes known only at run time, through a reshape to fixed axes.
+
+    Each dim d_k becomes the pair (e_k, g_k) = (1, d_k) when axis k is reduced, else (d_k, 1);
+    reshaping x to (e_0, g_0, e_1, g_1, ...) keeps its element order, so reducing the fixed
+    axes 1, 3, 5, ... with keepdims=0 gives exactly the keepdims=1 result, shape (e_0, e_1, ...).
+    """
+    import numpy as np
+    from tvm import relax
+
+    x, axes = inputs[0], inputs[1]
+    rank = x.ty.ndim
+    n_axes = _static_len(axes, "axes")
+    if n_axes == 0:  # an empty axes tensor: its meaning is static (all axes, or no-op)
+        base = _base_converter(op_type, opset)
+        return base(bb, [x, relax.const(np.zeros(0, "int64"), "int64")], attr, params)
+    a = relax.op.astype(axes, "int64")
+    a = relax.op.where(relax.op.less(a, relax.const(0, "int64")),
+                       relax.op.add(a, relax.const(rank, "int64")), a)
+    hits = relax.op.equal(relax.op.expand_dims(a, 1),
+                          relax.const(np.arange(rank, dtype="int64")[None, :], "int64"))
+    flag = bb.emit(relax.op.astype(relax.op.max(relax.op.astype(hits, "int64"), [0]), "bool"))
+    dims = bb.emit(relax.op.astype(relax.op.shape_to_tensor(relax.op.shape_of(x)), "int64"))
+    one = relax.const(np.ones(rank, "int64"), "int64")
+    kept = relax.op.where(flag, one, dims)
+    gone = relax.op.where(flag, dims, one)
+    pairs = bb.emit(relax.op.reshape(relax.op.stack([kept, gone], axis=1), [2 * rank]))
+    split_dims = shape_vars(bb, pairs, 2 * rank, "reduce_d")
+    xs = bb.emit(relax.op.reshape(x, relax.ShapeExpr(split_dims)))
+    fixed = relax.const(np.arange(1, 2 * rank, 2, dtype="int64"), "int64")
+    base = _base_converter(op_type, opset)
+    out = bb.normalize(base(bb, [xs, fixed], {**attr, "keepdims": 0,
+                                              "noop_with_empty_axes": 0}, params))
+    if attr.get("keepdims", 1):
+        return out
+    # keepdims=0: the kept dims in order, n_axes fewer (ONNX forbids repeated axes). Kept axis k
+    # lands at k - (reduced axes before k); computed with elementwise ops and sums (argsort and
+    # cumsum have no llvm legalization in this pipeline).
+    n_out = rank - n_axes
+    if n_out == 0:
+        return bb.emit(relax.op.reshape(out, []))
+    f = relax.op.astype(flag, "int64")
+    before = relax.op.sum(relax.op.multiply(
+        relax.const(np.tril(np.ones((rank, rank), "int64"), -1), "int64"),
+        relax.op.expand_dims(f, 0)), [1])
+    pos = relax.op.subtract(relax.const(np.arange(rank, dtype="int64"), "int64"), before)
+    lands = relax.op.astype(relax.op.equal(
+        relax.op.expand_dims(pos, 1),
+        relax.const(np.arange(n_out, dtype="int64")[None, :], "int64")), "int64")
+    keep = relax.op.subtract(relax.const(1, "int64"), f)
+    kept_dims = bb.emit(relax.op.sum(relax.op.multiply(
+        relax.op.expand_dims(relax.op.multiply(dims, keep), 1), lands), [0]))
+    return bb.emit(relax.op.reshape(out, relax.ShapeExpr(
+        shape_vars(bb, kept_dims, n_out, "reduce_o"))))
+
+
+def _make_reduce(op_type: str):
+    class Reduce:
+        @classmethod
+        def get_converter(cls, opset):
+            base = _base_converter(op_type, opset)
+
+            def convert(bb, inputs, attr, params):
+                if len(inputs) > 1 and is_run_time(inputs[1], params):
+                    return _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params)
+                return base(bb, inputs, attr, params)
+
+            return convert
+
+    Reduce.__name__ = Reduce.__qualname__ = op_type
+    Reduce.__doc__ = f"{op_type}, with axes given as a constant or at run time."
+    return register(op_type)(Reduce)
+
+
+for _op in _REDUCE_OPS:
+    _make_reduce(_op)
