@@ -143,3 +143,24 @@ def test_reduce_run_time_axes_artifact_takes_other_axes():
     for axes in ([0], [2], [-2]):
         got = _run_tvmopt(model, {"x": x, "axes": np.array(axes, "int64")})
         np.testing.assert_allclose(got, x.sum(axis=tuple(axes)), rtol=1e-5, atol=1e-5)
+
+
+def test_slice_operands_fed_at_run_time():
+    x = np.random.default_rng(5).standard_normal((20, 10, 5)).astype("float32")
+    node = helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"])
+    feeds = {"x": x, "starts": np.array([20, 1], "int64"), "ends": np.array([0, 1000], "int64"),
+             "axes": np.array([0, -2], "int64"), "steps": np.array([-3, 2], "int64")}
+    model = _model(node, feeds, {}, opset=13)
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    np.testing.assert_array_equal(_run_tvmopt(model, feeds), want)
+    # the same artifact, other operands: shape and values follow them
+    feeds.update(starts=np.array([-4, 0], "int64"), ends=np.array([-1, 3], "int64"),
+                 steps=np.array([1, 1], "int64"))
+    np.testing.assert_array_equal(_run_tvmopt(model, feeds), x[-4:-1, 0:3])
+
+
+def test_unsqueeze_axes_fed_at_run_time():
+    x = np.random.default_rng(6).standard_normal((3, 4)).astype("float32")
+    node = helper.make_node("Unsqueeze", ["x", "axes"], ["y"])
+    got = _check(node, {"x": x, "axes": np.array([3, 0], "int64")}, opset=13)
+    assert got.shape == (1, 3, 4, 1)

@@ -137,3 +137,140 @@ def _make_reduce(op_type: str):
 
 for _op in _REDUCE_OPS:
     _make_reduce(_op)
+
+
+def _i64(values):
+    import numpy as np
+    from tvm import relax
+
+    return relax.const(np.asarray(values, dtype="int64"), "int64")
+
+
+def _dims_tensor(bb, x):
+    from tvm import relax
+
+    return bb.emit(relax.op.astype(relax.op.shape_to_tensor(relax.op.shape_of(x)), "int64"))
+
+
+def _axes_onehot(axes, n_axes: int, rank: int):
+    """(n_axes, rank) int64: row i is one-hot at axes[i] (negative axes counted from the end)."""
+    import numpy as np
+    from tvm import relax
+
+    if axes is None:
+        axes = _i64(np.arange(n_axes))
+    a = relax.op.astype(axes, "int64")
+    a = relax.op.where(relax.op.less(a, _i64(0)), relax.op.add(a, _i64(rank)), a)
+    return relax.op.astype(relax.op.equal(relax.op.expand_dims(a, 1),
+                                          _i64(np.arange(rank)[None, :])), "int64")
+
+
+def _operand(value, params):
+    """A constant operand as its Relax constant, a run-time one as is."""
+    from tvm.relax.frontend.onnx.onnx_frontend import get_constant
+
+    return None if value is None else get_constant(value, params)
+
+
+@register("Slice")
+class Slice:
+    """Slice with starts/ends/axes/steps fed at run time: the clamped begin, step and length of
+    every axis are computed on the host and bound to symbolic vars; the kernel gathers
+    x[begin + i * step]. Constant operands use TVM's converter."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        from tvm.relax.frontend.onnx import onnx_frontend
+
+        base = onnx_frontend._get_convert_map()["Slice"].get_converter(opset)
+
+        def convert(bb, inputs, attr, params):
+            if opset < 10 or not any(is_run_time(v, params) for v in list(inputs)[1:5]):
+                return base(bb, inputs, attr, params)
+            return cls._run_time(bb, list(inputs) + [None] * (5 - len(inputs)), params)
+
+        return convert
+
+    @staticmethod
+    def _run_time(bb, inputs, params):
+        import numpy as np
+        from tvm import relax, te
+
+        x = inputs[0]
+        rank = x.ty.ndim
+        starts, ends = _operand(inputs[1], params), _operand(inputs[2], params)
+        axes, steps = _operand(inputs[3], params), _operand(inputs[4], params)
+        n = _static_len(starts, "starts")
+        hot = bb.emit(_axes_onehot(axes, n, rank))  # (n, rank)
+        hit = relax.op.greater(relax.op.sum(hot, [0]), _i64(0))
+
+        def spread(v, default):
+            v = relax.op.astype(v, "int64")
+            s = relax.op.sum(relax.op.multiply(relax.op.expand_dims(v, 1), hot), [0])
+            return relax.op.where(hit, s, default)
+
+        d = _dims_tensor(bb, x)
+        t = spread(steps, _i64(np.ones(rank))) if steps is not None else _i64(np.ones(rank))
+        t = bb.emit(t)
+        s = bb.emit(spread(starts, _i64(np.zeros(rank))))
+        e = bb.emit(spread(ends, d))
+        zero = _i64(0)
+        s = relax.op.where(relax.op.less(s, zero), relax.op.add(s, d), s)
+        e = relax.op.where(relax.op.less(e, zero), relax.op.add(e, d), e)
+        pos = relax.op.greater(t, zero)
+        dm1 = relax.op.subtract(d, _i64(1))
+        s = bb.emit(relax.op.where(pos, relax.op.minimum(relax.op.maximum(s, zero), d),
+                                   relax.op.minimum(relax.op.maximum(s, zero), dm1)))
+        e = bb.emit(relax.op.where(pos, relax.op.minimum(relax.op.maximum(e, zero), d),
+                                   relax.op.minimum(relax.op.maximum(e, _i64(-1)), dm1)))
+        span = relax.op.where(pos, relax.op.subtract(e, s), relax.op.subtract(s, e))
+        at = relax.op.abs(t)
+        length = relax.op.maximum(
+            relax.op.floor_divide(relax.op.subtract(relax.op.add(span, at), _i64(1)), at), zero)
+        out_shape = shape_vars(bb, bb.emit(length), rank, "slice_")
+
+        def gather(data, begin, step):  # begin/step are read from tensors: only shapes bind vars
+            return te.compute(out_shape, lambda *i: data[tuple(
+                begin[k] + i[k] * step[k] for k in range(rank))], name="slice")
+
+        return bb.emit_te(gather, x, s, t)
+
+
+@register("Unsqueeze")
+class Unsqueeze:
+    """Unsqueeze with axes fed at run time: a reshape to dims computed on the host (the output
+    rank, rank + len(axes), is static). Constant axes use TVM's converter."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        from tvm.relax.frontend.onnx import onnx_frontend
+
+        base = onnx_frontend._get_convert_map()["Unsqueeze"].get_converter(opset)
+
+        def convert(bb, inputs, attr, params):
+            if opset < 13 or len(inputs) < 2 or not is_run_time(inputs[1], params):
+                return base(bb, inputs, attr, params)
+            return cls._run_time(bb, inputs[0], inputs[1])
+
+        return convert
+
+    @staticmethod
+    def _run_time(bb, x, axes):
+        import numpy as np
+        from tvm import relax
+
+        rank = x.ty.ndim
+        n = _static_len(axes, "axes")
+        out_rank = rank + n
+        flag = relax.op.sum(_axes_onehot(axes, n, out_rank), [0])  # 1 where a new axis goes
+        before = relax.op.sum(relax.op.multiply(
+            _i64(np.tril(np.ones((out_rank, out_rank)), -1)), relax.op.expand_dims(flag, 0)), [1])
+        src = relax.op.subtract(_i64(np.arange(out_rank)), before)  # input dim at position j
+        picks = relax.op.astype(relax.op.equal(relax.op.expand_dims(src, 1),
+                                               _i64(np.arange(rank)[None, :])), "int64")
+        d = _dims_tensor(bb, x)
+        moved = relax.op.sum(relax.op.multiply(picks, relax.op.expand_dims(d, 0)), [1])
+        keep = relax.op.subtract(_i64(1), flag)
+        dims = bb.emit(relax.op.add(flag, relax.op.multiply(keep, moved)))
+        return bb.emit(relax.op.reshape(x, relax.ShapeExpr(shape_vars(bb, dims, out_rank,
+                                                                        "unsq_"))))
