@@ -14,7 +14,7 @@ from tvmopt.errors import ImportFailure
 
 _NP2ONNX = {np.dtype("float32"): TensorProto.FLOAT, np.dtype("float16"): TensorProto.FLOAT16,
             np.dtype("int64"): TensorProto.INT64, np.dtype("int8"): TensorProto.INT8,
-            np.dtype("int32"): TensorProto.INT32}
+            np.dtype("int32"): TensorProto.INT32, np.dtype("bool"): TensorProto.BOOL}
 
 
 def _model(node, feeds: dict, consts: dict, out_dtype=TensorProto.FLOAT, opset=19,
@@ -164,3 +164,18 @@ def test_unsqueeze_axes_fed_at_run_time():
     node = helper.make_node("Unsqueeze", ["x", "axes"], ["y"])
     got = _check(node, {"x": x, "axes": np.array([3, 0], "int64")}, opset=13)
     assert got.shape == (1, 3, 4, 1)
+
+
+@pytest.mark.parametrize("noop", [0, 1])
+def test_reduce_axes_of_unknown_length_empty_at_run_time(noop):
+    """A declared-empty axes input (TVM imports its length as symbolic): all axes, or none."""
+    x = np.random.default_rng(7).standard_normal((3, 2, 2)).astype("float32")
+    node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1,
+                            noop_with_empty_axes=noop)
+    _check(node, {"x": x, "axes": np.array([], "int64")}, opset=18)
+
+
+def test_reduce_max_bool():
+    x = np.array([[True, False], [False, False]])
+    node = helper.make_node("ReduceMax", ["x", "axes"], ["y"], keepdims=0)
+    _check(node, {"x": x}, {"axes": np.array([1], "int64")}, out_dtype=TensorProto.BOOL)

@@ -52,12 +52,19 @@ def shape_vars(bb, tensor, n: int, hint: str):
     return dims
 
 
-def _static_len(value, what: str) -> int:
+def _static_len(value, what: str, unknown_ok: bool = False) -> int | None:
+    """The static length of a 1-D operand; None (if unknown_ok) when TVM imported it symbolic
+    (it does so for a declared length 0)."""
     from tvm import tirx
 
     shape = getattr(value.ty, "shape", None)
-    if shape is None or len(shape) != 1 or not isinstance(shape[0], (int, tirx.IntImm)):
+    if shape is None or len(shape) != 1:
         raise ValueError(f"operand '{what}' needs a static 1-D shape to be given at run time")
+    if not isinstance(shape[0], (int, tirx.IntImm)):
+        if unknown_ok:
+            return None
+        raise ValueError(f"operand '{what}' has a length unknown at compile time; "
+                         "make it a constant")
     return int(shape[0])
 
 
@@ -73,16 +80,30 @@ def _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params):
 
     x, axes = inputs[0], inputs[1]
     rank = x.ty.ndim
-    n_axes = _static_len(axes, "axes")
+    n_axes = _static_len(axes, "axes", unknown_ok=True)
     if n_axes == 0:  # an empty axes tensor: its meaning is static (all axes, or no-op)
         base = _base_converter(op_type, opset)
         return base(bb, [x, relax.const(np.zeros(0, "int64"), "int64")], attr, params)
+    noop = bool(attr.get("noop_with_empty_axes", 0))
+    if n_axes is None and not attr.get("keepdims", 1):
+        raise ValueError("operand 'axes' has a length unknown at compile time and keepdims=0, "
+                         "so the output rank is unknown; make axes a constant")
+    if n_axes is None and noop and op_type not in ("ReduceSum", "ReduceMean", "ReduceMax",
+                                                     "ReduceMin", "ReduceProd"):
+        raise ValueError("operand 'axes' may be empty at run time with noop_with_empty_axes=1; "
+                         f"{op_type} of one element is not the identity: make axes a constant")
     a = relax.op.astype(axes, "int64")
     a = relax.op.where(relax.op.less(a, relax.const(0, "int64")),
                        relax.op.add(a, relax.const(rank, "int64")), a)
     hits = relax.op.equal(relax.op.expand_dims(a, 1),
                           relax.const(np.arange(rank, dtype="int64")[None, :], "int64"))
-    flag = bb.emit(relax.op.astype(relax.op.max(relax.op.astype(hits, "int64"), [0]), "bool"))
+    flag = relax.op.greater(relax.op.sum(relax.op.astype(hits, "int64"), [0]),
+                            relax.const(0, "int64"))
+    if n_axes is None:  # empty at run time: every axis (or none, with noop_with_empty_axes)
+        length = relax.op.astype(relax.op.shape_to_tensor(relax.op.shape_of(axes)), "int64")
+        flag = relax.op.where(relax.op.equal(length, relax.const(0, "int64")),
+                              relax.const(np.full(rank, not noop), "bool"), flag)
+    flag = bb.emit(flag)
     dims = bb.emit(relax.op.astype(relax.op.shape_to_tensor(relax.op.shape_of(x)), "int64"))
     one = relax.const(np.ones(rank, "int64"), "int64")
     kept = relax.op.where(flag, one, dims)
@@ -124,9 +145,17 @@ def _make_reduce(op_type: str):
             base = _base_converter(op_type, opset)
 
             def convert(bb, inputs, attr, params):
+                from tvm import relax
+
+                x = inputs[0]
+                as_bool = op_type in ("ReduceMax", "ReduceMin") and str(x.ty.dtype) == "bool"
+                if as_bool:  # TVM has no min/max identity for bool: reduce it as int8
+                    inputs = [bb.normalize(relax.op.astype(x, "int8"))] + list(inputs)[1:]
                 if len(inputs) > 1 and is_run_time(inputs[1], params):
-                    return _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params)
-                return base(bb, inputs, attr, params)
+                    out = _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params)
+                else:
+                    out = base(bb, inputs, attr, params)
+                return relax.op.astype(bb.normalize(out), "bool") if as_bool else out
 
             return convert
 
