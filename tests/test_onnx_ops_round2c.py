@@ -179,3 +179,15 @@ def test_reduce_max_bool():
     x = np.array([[True, False], [False, False]])
     node = helper.make_node("ReduceMax", ["x", "axes"], ["y"], keepdims=0)
     _check(node, {"x": x}, {"axes": np.array([1], "int64")}, out_dtype=TensorProto.BOOL)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+def test_pad_operands_fed_at_run_time(mode):
+    x = np.random.default_rng(8).standard_normal((3, 4)).astype("float32")
+    names = ["x", "pads", "value", "axes"] if mode == "constant" else ["x", "pads", "", "axes"]
+    node = helper.make_node("Pad", names, ["y"], mode=mode)
+    feeds = {"x": x, "pads": np.array([2, 0, 1, 2], "int64")}
+    if mode == "constant":
+        feeds["value"] = np.array(1.5, "float32")
+    feeds["axes"] = np.array([-1, 0], "int64")
+    _check(node, feeds, opset=19)

@@ -303,3 +303,75 @@ class Unsqueeze:
         dims = bb.emit(relax.op.add(flag, relax.op.multiply(keep, moved)))
         return bb.emit(relax.op.reshape(x, relax.ShapeExpr(shape_vars(bb, dims, out_rank,
                                                                         "unsq_"))))
+
+
+@register("Pad")
+class Pad:
+    """Pad (opset 11+) with pads, constant_value or axes computed/fed at run time: the pads are
+    spread over every axis on the host, the output dims bound to symbolic vars, and the kernel
+    maps each output index back (constant, edge, reflect, wrap). Constant operands: TVM's."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        from tvm.relax.frontend.onnx import onnx_frontend
+
+        base = onnx_frontend._get_convert_map()["Pad"].get_converter(opset)
+
+        def convert(bb, inputs, attr, params):
+            if opset < 11 or not any(is_run_time(v, params) for v in list(inputs)[1:4]):
+                return base(bb, inputs, attr, params)
+            mode = attr.get("mode", b"constant")
+            mode = mode.decode("ascii") if isinstance(mode, bytes) else mode
+            return cls._run_time(bb, list(inputs) + [None] * (4 - len(inputs)), mode, params)
+
+        return convert
+
+    @staticmethod
+    def _run_time(bb, inputs, mode, params):
+        import numpy as np
+        from tvm import relax, te, tirx
+
+        x = inputs[0]
+        rank, dtype = x.ty.ndim, str(x.ty.dtype)
+        pads, cval, axes = (_operand(v, params) for v in inputs[1:4])
+        n = _static_len(pads, "pads") // 2
+        if axes is None and n != rank:
+            raise ValueError(f"pads has {2 * n} values for a rank-{rank} input")
+        hot = bb.emit(_axes_onehot(axes, n, rank))
+        pads = relax.op.astype(pads, "int64")
+
+        def spread(part):
+            return relax.op.sum(relax.op.multiply(relax.op.expand_dims(part, 1), hot), [0])
+
+        before = bb.emit(spread(relax.op.strided_slice(pads, [0], [0], [n])))
+        after = spread(relax.op.strided_slice(pads, [0], [n], [2 * n]))
+        dims = relax.op.add(relax.op.add(_dims_tensor(bb, x), before), after)
+        out_shape = shape_vars(bb, bb.emit(dims), rank, "pad_")
+        if cval is None or mode != "constant":
+            cval = relax.const(np.zeros(1, dtype), dtype)
+        else:
+            cval = bb.normalize(relax.op.reshape(relax.op.astype(cval, dtype), [1]))
+
+        def kernel(data, pb, value):
+            def at(*i):
+                zero, one, two = (tirx.const(v, "int64") for v in (0, 1, 2))
+                src = [tirx.Cast("int64", i[k]) - pb[k] for k in range(rank)]
+                size = [tirx.Cast("int64", data.shape[k]) for k in range(rank)]
+                if mode == "constant":
+                    inside = tirx.all(*[tirx.And(s >= zero, s < d) for s, d in zip(src, size)])
+                    safe = [tirx.Min(tirx.Max(s, zero), d - one) for s, d in zip(src, size)]
+                    return tirx.Select(inside, data[tuple(safe)], value[0])
+                if mode == "edge":
+                    idx = [tirx.Min(tirx.Max(s, zero), d - one) for s, d in zip(src, size)]
+                elif mode == "reflect":
+                    idx = [tirx.Select(s < zero, zero - s, tirx.Select(s >= d, two * (d - one) - s, s))
+                           for s, d in zip(src, size)]
+                elif mode == "wrap":
+                    idx = [tirx.floormod(s, d) for s, d in zip(src, size)]
+                else:
+                    raise ValueError(f"unknown Pad mode '{mode}'")
+                return data[tuple(idx)]
+
+            return te.compute(out_shape, at, name="pad")
+
+        return bb.emit_te(kernel, x, before, cval)
