@@ -191,3 +191,33 @@ def test_pad_operands_fed_at_run_time(mode):
         feeds["value"] = np.array(1.5, "float32")
     feeds["axes"] = np.array([-1, 0], "int64")
     _check(node, feeds, opset=19)
+
+
+def test_split_sizes_fed_at_run_time():
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline, targets
+    from tvmopt.frontend import import_onnx
+
+    x = np.arange(24, dtype="float32").reshape(2, 12)
+    node = helper.make_node("Split", ["x", "split"], ["a", "b", "c"], axis=-1)
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abc"]
+    graph = helper.make_graph([node], "g", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 12]),
+        helper.make_tensor_value_info("split", TensorProto.INT64, [3])], outs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    ex = pipeline.build(import_onnx(model).mod, targets.get_target("x86").to_tvm(), "cpu")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for sizes in ([2, 3, 7], [12, 0, 0]):
+        got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(np.array(sizes, "int64")))
+        want = np.split(x, np.cumsum(sizes)[:-1], axis=1)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.numpy(), w)
+
+
+@pytest.mark.parametrize("axis", [0, -1])
+def test_cumsum_axis_fed_at_run_time(axis):
+    x = np.random.default_rng(9).standard_normal((3, 4)).astype("float32")
+    node = helper.make_node("CumSum", ["x", "axis"], ["y"], reverse=1, exclusive=1)
+    _check(node, {"x": x, "axis": np.array(axis, "int64")}, opset=14)

@@ -375,3 +375,98 @@ class Pad:
             return te.compute(out_shape, at, name="pad")
 
         return bb.emit_te(kernel, x, before, cval)
+
+
+@register("Split")
+class Split:
+    """Split (opset 13+) with `split` sizes fed at run time: the number of outputs is the node's,
+    each output's length along `axis` is bound to a symbolic var and its offset (an exclusive
+    prefix sum) read from a tensor in the kernel. Constant sizes: TVM's converter."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        from tvm.relax.frontend.onnx import onnx_frontend
+
+        base = onnx_frontend._get_convert_map()["Split"].get_converter(opset)
+
+        def convert(bb, inputs, attr, params):
+            if opset < 13 or len(inputs) < 2 or not is_run_time(inputs[1], params):
+                return base(bb, inputs, attr, params)
+            return cls._run_time(bb, inputs[0], _operand(inputs[1], params), attr)
+
+        return convert
+
+    @staticmethod
+    def _run_time(bb, x, split, attr):
+        import numpy as np
+        from tvm import relax, te, tirx
+
+        rank = x.ty.ndim
+        axis = int(attr.get("axis", 0))
+        axis = axis + rank if axis < 0 else axis
+        n = _static_len(split, "split")
+        if n != attr["tvm_custom"]["num_outputs"]:
+            raise ValueError(f"split has {n} sizes for {attr['tvm_custom']['num_outputs']} outputs")
+        sizes = bb.emit(relax.op.astype(split, "int64"))
+        offsets = bb.emit(relax.op.sum(relax.op.multiply(
+            _i64(np.tril(np.ones((n, n)), -1)), relax.op.expand_dims(sizes, 0)), [1]))
+        lengths = shape_vars(bb, sizes, n, "split_")
+        outs = []
+        for k in range(n):
+            shape = list(x.ty.shape)
+            shape[axis] = lengths[k]
+
+            def part(data, off, k=k, shape=shape):
+                def at(*i):
+                    idx = list(i)
+                    idx[axis] = tirx.Cast("int64", i[axis]) + off[k]
+                    return data[tuple(idx)]
+
+                return te.compute(shape, at, name=f"split{k}")
+
+            outs.append(bb.emit_te(part, x, offsets))
+        return relax.Tuple(outs)
+
+
+def _scan_run_time_axis(op_type: str):
+    """CumSum/CumProd with the axis fed at run time: the output shape does not depend on it, so
+    the scan is emitted along every axis and the one named at run time selected (rank scans:
+    cheap for the small ranks where this occurs; a constant axis emits one)."""
+    from . import reduce
+
+    def convert(bb, inputs, attr, params):
+        import numpy as np
+        from tvm import relax
+
+        if not is_run_time(inputs[1], params):
+            return reduce._scan(bb, [inputs[0], _operand(inputs[1], params)], attr, op_type)
+        x, axis = inputs[0], relax.op.astype(inputs[1], "int64")
+        rank = x.ty.ndim
+        axis = bb.emit(relax.op.where(relax.op.less(axis, _i64(0)),
+                                      relax.op.add(axis, _i64(rank)), axis))
+        out = None
+        for k in range(rank):
+            scan = reduce._scan(bb, [x, relax.const(np.array(k, "int64"), "int64")], attr, op_type)
+            out = scan if out is None else bb.emit(
+                relax.op.where(relax.op.equal(axis, _i64(k)), scan, out))
+        return out
+
+    return convert
+
+
+@register("CumSum")
+class CumSum:
+    """CumSum with reverse/exclusive; axis constant or fed at run time."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        return _scan_run_time_axis("CumSum")
+
+
+@register("CumProd")
+class CumProd:
+    """CumProd with reverse/exclusive; axis constant or fed at run time."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        return _scan_run_time_axis("CumProd")
