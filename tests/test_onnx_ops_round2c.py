@@ -221,3 +221,31 @@ def test_cumsum_axis_fed_at_run_time(axis):
     x = np.random.default_rng(9).standard_normal((3, 4)).astype("float32")
     node = helper.make_node("CumSum", ["x", "axis"], ["y"], reverse=1, exclusive=1)
     _check(node, {"x": x, "axis": np.array(axis, "int64")}, opset=14)
+
+
+@pytest.mark.parametrize("k_const", [True, False])
+def test_topk_k_constant_or_fed_at_run_time(k_const):
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline, targets
+    from tvmopt.frontend import import_onnx
+
+    x = np.array([[3, 1, 3, 2, 0], [5, 5, 4, 1, 5]], "float32")  # ties: lower index first
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1, largest=1)
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])]
+    inits = [numpy_helper.from_array(np.array([3], "int64"), "k")] if k_const else []
+    if not k_const:
+        ins.append(helper.make_tensor_value_info("k", TensorProto.INT64, [1]))
+    outs = [helper.make_tensor_value_info("v", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("i", TensorProto.INT64, None)]
+    model = helper.make_model(helper.make_graph([node], "g", ins, outs, initializer=inits),
+                              opset_imports=[helper.make_opsetid("", 11)])
+    ex = pipeline.build(import_onnx(model).mod, targets.get_target("x86").to_tvm(), "cpu")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for k in ([3] if k_const else [3, 1]):
+        feeds = {"x": x} if k_const else {"x": x, "k": np.array([k], "int64")}
+        want = ReferenceEvaluator(model).run(None, feeds)
+        got = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()])
+        np.testing.assert_array_equal(got[0].numpy(), want[0])
+        np.testing.assert_array_equal(got[1].numpy(), want[1])

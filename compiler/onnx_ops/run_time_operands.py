@@ -470,3 +470,49 @@ class CumProd:
     @classmethod
     def get_converter(cls, opset):
         return _scan_run_time_axis("CumProd")
+
+
+@register("TopK")
+class TopK:
+    """TopK (opset 10+) through TOPI (relax.op.topk has no llvm legalization here, so TVM's
+    converter failed to build even with a constant k). With k fed at run time: a full sort
+    along the (static) axis, then the first k values and indices, k bound to a symbolic var."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        from tvm.relax.frontend.onnx import onnx_frontend
+
+        if opset < 10:
+            return onnx_frontend._get_convert_map()["TopK"].get_converter(opset)
+        return cls._convert
+
+    @staticmethod
+    def _convert(bb, inputs, attr, params):
+        from tvm import relax, te, tirx, topi
+
+        x = inputs[0]
+        rank = x.ty.ndim
+        axis = int(attr.get("axis", -1))
+        axis = axis + rank if axis < 0 else axis
+        if attr.get("sorted", 1) != 1:
+            raise ValueError("TopK sorted=0 is not supported")
+        ascend = not bool(attr.get("largest", 1))
+        if not is_run_time(inputs[1], params):
+            k = int(_operand(inputs[1], params).value.numpy().reshape(-1)[0])
+            both = bb.emit_te(topi.topk, x, k, axis, "both", ascend, "int64")
+            return relax.Tuple([bb.emit(relax.TupleGetItem(both, i)) for i in (0, 1)])
+        n = x.ty.shape[axis]
+        if not isinstance(n, (int, tirx.IntImm)):
+            raise ValueError(f"TopK with k fed at run time needs a static dim {axis}")
+        both = bb.emit_te(topi.topk, x, int(n), axis, "both", ascend, "int64")
+        (kv,) = shape_vars(bb, bb.emit(relax.op.reshape(relax.op.astype(inputs[1], "int64"),
+                                                        [1])), 1, "topk_k")
+        shape = list(x.ty.shape)
+        shape[axis] = kv
+
+        def head(data):
+            return te.compute(shape, lambda *i: data[i], name="topk_head")
+
+        values = bb.emit_te(head, bb.emit(relax.TupleGetItem(both, 0)))
+        indices = bb.emit_te(head, bb.emit(relax.TupleGetItem(both, 1)))
+        return relax.Tuple([values, indices])
