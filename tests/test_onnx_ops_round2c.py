@@ -249,3 +249,11 @@ def test_topk_k_constant_or_fed_at_run_time(k_const):
         got = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()])
         np.testing.assert_array_equal(got[0].numpy(), want[0])
         np.testing.assert_array_equal(got[1].numpy(), want[1])
+
+
+def test_onehot_depth_fed_at_run_time():
+    idx = np.array([[1, -1], [0, 3]], "int64")
+    node = helper.make_node("OneHot", ["i", "depth", "values"], ["y"], axis=1)
+    feeds = {"i": idx, "depth": np.array(4, "int64"), "values": np.array([-2, 7], "int64")}
+    got = _check(node, feeds, out_dtype=TensorProto.INT64, opset=11)
+    assert got.shape == (2, 4, 2)

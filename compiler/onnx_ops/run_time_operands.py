@@ -516,3 +516,47 @@ class TopK:
         values = bb.emit_te(head, bb.emit(relax.TupleGetItem(both, 0)))
         indices = bb.emit_te(head, bb.emit(relax.TupleGetItem(both, 1)))
         return relax.Tuple([values, indices])
+
+
+@register("OneHot")
+class OneHot:
+    """OneHot (opset 9+) with depth fed at run time: depth bound to a symbolic var, the kernel
+    compares each index (negative ones count from depth) with its position. Constant depth:
+    TVM's converter."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        from tvm.relax.frontend.onnx import onnx_frontend
+
+        base = onnx_frontend._get_convert_map()["OneHot"].get_converter(opset)
+
+        def convert(bb, inputs, attr, params):
+            if not is_run_time(inputs[1], params):
+                return base(bb, inputs, attr, params)
+            return cls._run_time(bb, inputs, attr)
+
+        return convert
+
+    @staticmethod
+    def _run_time(bb, inputs, attr):
+        from tvm import relax, te, tirx
+
+        indices, depth, values = inputs[0], inputs[1], inputs[2]
+        rank = indices.ty.ndim + 1
+        axis = int(attr.get("axis", -1))
+        axis = axis + rank if axis < 0 else axis
+        depth = bb.emit(relax.op.reshape(relax.op.astype(depth, "int64"), [1]))
+        (dv,) = shape_vars(bb, depth, 1, "onehot_depth")
+        shape = list(indices.ty.shape)
+        shape.insert(axis, dv)
+
+        def kernel(idx, vals):
+            def at(*i):
+                src = list(i[:axis]) + list(i[axis + 1:])
+                v = tirx.Cast("int64", idx[tuple(src)])
+                v = tirx.Select(v < tirx.const(0, "int64"), v + dv, v)
+                return tirx.Select(v == tirx.Cast("int64", i[axis]), vals[1], vals[0])
+
+            return te.compute(shape, at, name="one_hot")
+
+        return bb.emit_te(kernel, indices, values)
