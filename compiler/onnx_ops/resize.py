@@ -22,16 +22,17 @@ def _constant(value, params, name: str):
     import tvm
     from tvm.relax.frontend.onnx.onnx_frontend import get_constant
 
+    import numpy as np
+    from tvm import relax
+
     if value is None:
         return None
     value = get_constant(value, params)
     if isinstance(value, tvm.ir.GenericConst):
         arr = value.value.numpy()
         return arr if arr.size else None
-    from tvm import relax
-
     if isinstance(value, relax.ShapeExpr):
-        return __import__("numpy").array([int(v) for v in value.values])
+        return np.array([int(v) for v in value.values])
     raise ValueError(f"operand '{name}' is computed at run time; tvmopt needs it as a constant "
                      "(an initializer) because it sets the output shape and weights")
 
@@ -138,7 +139,7 @@ class Resize:
 
     @classmethod
     def get_converter(cls, opset):
-        if opset < 11:  # Resize-10: (X, scales), no roi/attributes beyond mode: TVM's handles it
+        if opset < 11:  # Resize-10 takes (X, scales) with other semantics: left to TVM's map
             from tvm.relax.frontend.onnx import onnx_frontend
 
             return onnx_frontend._get_convert_map()["Resize"].get_converter(opset)
