@@ -257,3 +257,11 @@ def test_onehot_depth_fed_at_run_time():
     feeds = {"i": idx, "depth": np.array(4, "int64"), "values": np.array([-2, 7], "int64")}
     got = _check(node, feeds, out_dtype=TensorProto.INT64, opset=11)
     assert got.shape == (2, 4, 2)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceProd", "ReduceLogSumExp", "ReduceSum"])
+def test_reduce_run_time_axes_over_empty_set_gives_identity(op):
+    x = np.zeros((2, 0, 4), "float32")
+    node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)
+    got = _check(node, {"x": x, "axes": np.array([1], "int64")}, opset=18)
+    assert got.shape == (2, 1, 4)

@@ -68,7 +68,7 @@ def _static_len(value, what: str, unknown_ok: bool = False) -> int | None:
     return int(shape[0])
 
 
-def _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params):
+def _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params, bool_input=False):
     """Reduce over axes known only at run time, through a reshape to fixed axes.
 
     Each dim d_k becomes the pair (e_k, g_k) = (1, d_k) when axis k is reduced, else (d_k, 1);
@@ -76,7 +76,7 @@ def _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params):
     axes 1, 3, 5, ... with keepdims=0 gives exactly the keepdims=1 result, shape (e_0, e_1, ...).
     """
     import numpy as np
-    from tvm import relax
+    from tvm import relax, tirx
 
     x, axes = inputs[0], inputs[1]
     rank = x.ty.ndim
@@ -115,6 +115,10 @@ def _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params):
     base = _base_converter(op_type, opset)
     out = bb.normalize(base(bb, [xs, fixed], {**attr, "keepdims": 0,
                                               "noop_with_empty_axes": 0}, params))
+    # TVM's reductions over an empty axis do not give the identity: an empty reduced set
+    # (known only at run time here) gets it explicitly.
+    empty = relax.op.equal(relax.op.prod(gone), relax.const(0, "int64"))
+    out = bb.emit(relax.op.where(empty, _identity(op_type, str(x.ty.dtype), bool_input), out))
     if attr.get("keepdims", 1):
         return out
     # keepdims=0: the kept dims in order, n_axes fewer (ONNX forbids repeated axes). Kept axis k
@@ -138,6 +142,26 @@ def _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params):
         shape_vars(bb, kept_dims, n_out, "reduce_o"))))
 
 
+def _identity(op_type: str, dtype: str, bool_input: bool):
+    """The value ONNX gives a reduction over an empty set, as a scalar constant of `dtype`."""
+    import numpy as np
+    from tvm import relax
+
+    if op_type in ("ReduceMax", "ReduceMin") and bool_input:
+        value = 0 if op_type == "ReduceMax" else 1  # False / True, reduced as int8
+    elif op_type in ("ReduceMax", "ReduceMin"):
+        info = np.finfo(dtype) if dtype.startswith("float") else np.iinfo(dtype)
+        low, high = (-np.inf, np.inf) if dtype.startswith("float") else (info.min, info.max)
+        value = low if op_type == "ReduceMax" else high
+    elif op_type in ("ReduceLogSum", "ReduceLogSumExp"):
+        value = -np.inf
+    elif op_type == "ReduceProd":
+        value = 1
+    else:  # sums and norms
+        value = 0
+    return relax.const(np.array(value, dtype=dtype), dtype)
+
+
 def _make_reduce(op_type: str):
     class Reduce:
         @classmethod
@@ -152,7 +176,8 @@ def _make_reduce(op_type: str):
                 if as_bool:  # TVM has no min/max identity for bool: reduce it as int8
                     inputs = [bb.normalize(relax.op.astype(x, "int8"))] + list(inputs)[1:]
                 if len(inputs) > 1 and is_run_time(inputs[1], params):
-                    out = _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params)
+                    out = _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params,
+                                                as_bool)
                 else:
                     out = base(bb, inputs, attr, params)
                 return relax.op.astype(bb.normalize(out), "bool") if as_bool else out
