@@ -53,8 +53,9 @@ def schedule_fallbacks(log=print) -> list[dict]:
 
     out = take_fallbacks()
     for f in out:
+        why = " (no tensor cores)" if f["rule"] == "Matmul" else ""
         log(f"schedule: {f['rule']} failed on {f['kernel']} ({f['error']}); "
-            "the kernel uses the next dlight rule (no tensor cores)")
+            f"the kernel uses the next dlight rule{why}")
     return out
 
 

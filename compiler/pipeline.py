@@ -66,7 +66,11 @@ def _apply_database(target, cfg):
 def _dlight_cpu(target, cfg):
     from tvm.s_tir import dlight as dl
 
-    return [dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())]
+    from .schedule_guard import guarded  # a rule that raises passes the kernel on (recorded)
+
+    # GEMV asserts on some fused reductions (`assert s_loops`, e.g. ReduceLogSumExp keepdims);
+    # a kernel no rule takes keeps LLVM's default loop nest: correct, unvectorized.
+    return [dl.ApplyDefaultSchedule(guarded(dl.cpu.GEMV()), guarded(dl.cpu.Reduction()))]
 
 
 def _dlight_gpu(target, cfg):

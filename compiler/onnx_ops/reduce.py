@@ -1,5 +1,6 @@
 """CumSum/CumProd through TOPI (relax.op.cumsum/cumprod are not legalized for llvm here; CumProd
-is missing from TVM's map) and LpNormalization, which TVM's map lacks."""
+is missing from TVM's map; registered in run_time_operands.py, which adds a run-time axis) and
+LpNormalization, which TVM's map lacks."""
 
 from __future__ import annotations
 
@@ -22,24 +23,6 @@ def _scan(bb, inputs, attr, op_name: str):
     if reverse:
         out = bb.emit_te(topi.flip, out, axis=axis)
     return out
-
-
-@register("CumSum")
-class CumSum:
-    """CumSum with a constant axis, reverse and exclusive."""
-
-    @classmethod
-    def get_converter(cls, opset):
-        return lambda bb, inputs, attr, params: _scan(bb, inputs, attr, "CumSum")
-
-
-@register("CumProd")
-class CumProd:
-    """CumProd with a constant axis, reverse and exclusive."""
-
-    @classmethod
-    def get_converter(cls, opset):
-        return lambda bb, inputs, attr, params: _scan(bb, inputs, attr, "CumProd")
 
 
 @register("LpNormalization")
