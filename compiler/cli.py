@@ -199,6 +199,9 @@ def targets(show, name, as_json):
 @click.option("--runs", type=int, default=50, show_default=True)
 def demo(target, output, runs):
     """The main job on the bundled model: compile, verify against onnxruntime, run, time."""
+    # The latency table runs onnxruntime with threads = cores; give TVM's pool the same (its
+    # default is half the logical cores), before compiling starts the pool.
+    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     from .compile import CompileOptions, compile_model
     from .quickbench import latency_summary
     from .report import print_compile_result, print_latency_summary

@@ -25,6 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+# Equal thread counts: onnxruntime and torch run with threads = cores, so TVM's pool gets the same
+# (its default is half the logical cores). Set before TVM starts its pool.
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+
 ROOT = Path(__file__).resolve().parent.parent
 # Batch 1, the shapes the committed databases were tuned at (see their tvmopt-db.json).
 SHAPES = {"mobile_cnn": {"input": (1, 3, 96, 96)}, "resnet_cnn": {"input": (1, 3, 96, 96)},
@@ -180,7 +184,8 @@ def main(argv=None) -> int:
         if args.efficiency_db:
             eff = efficiency(args.efficiency_model, models[args.efficiency_model],
                              args.efficiency_db, args.runs, Path(tmp))
-    table = Table(title=f"batch 1, {os.cpu_count()} cores, {args.runs} runs each")
+    table = Table(title=f"batch 1, {os.cpu_count()} cores, {args.runs} runs each, TVM_NUM_THREADS="
+                        f"{os.environ['TVM_NUM_THREADS']}")
     for col in ("model", "runtime", "median ms", "P95 ms", "x ORT", "max |err| vs ORT", "note"):
         table.add_column(col, justify="left" if col in ("model", "runtime", "note") else "right")
     for r in all_rows:
