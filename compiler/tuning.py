@@ -592,8 +592,13 @@ def _tune_contexts(tasks: list[Task], target, hw, folder: Path, seed, population
     contexts, weights = [], []
     # MetaSchedule sizes its console handler from this level: keep the console to warnings
     # (the progress bar and the final table say the rest); DIR/logs/ still gets everything.
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
     if not os.environ.get("TVMOPT_DEBUG"):
-        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+        ms_logger.setLevel(logging.WARNING)
+    # Its logging set-up lists this logger's handlers by name and crashes on an unnamed one
+    # (one added by anything else in the process: a test runner, an embedding app); drop those.
+    for handler in [h for h in ms_logger.handlers if h.get_name() is None]:
+        ms_logger.removeHandler(handler)
     loggers = get_loggers_from_work_dir(str(folder), [t.name for t in tasks])
     for task, logger, rand in zip(tasks, loggers, fork_seed(seed, n=len(tasks))):
         contexts.append(ms.TuneContext(mod=task.mod, target=target,
