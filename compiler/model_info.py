@@ -104,6 +104,8 @@ def estimate_flops(model, dim_value: int = 1) -> tuple[int, int]:
 
 def inspect_model(path: str | Path, model=None) -> ModelInfo:
     """Describe a model: signature, op histogram, parameters, FLOPs, unsupported ops."""
+    import onnx
+
     from .frontend import model_opset, unsupported_ops
     from .onnx_model import load_onnx
 
@@ -113,8 +115,6 @@ def inspect_model(path: str | Path, model=None) -> ModelInfo:
     for t in model.graph.initializer:
         n = int(np.prod(t.dims)) if t.dims else 1
         params += n
-        import onnx
-
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
         pbytes += n * itemsize
     flops, unknown = estimate_flops(model)
