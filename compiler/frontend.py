@@ -161,13 +161,18 @@ def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None
     overrides = dict(shape_overrides or {})
     inputs = resolve_input_shapes(model, overrides)
     model = _prepare(model)
+    # 8/4/2-bit tensors travel as int8/uint8 carriers inside tvmopt (onnx_ops/narrow.py)
+    from .narrow_types import carrier_name
+    from .onnx_ops.narrow import carry_in_bytes
+
+    model, narrow_outputs = carry_in_bytes(model)
     missing = unsupported_ops(model)
     if missing:
         raise UnsupportedOpError(_unsupported_message(model, missing))
 
     opset = model_opset(model)
     shape_dict = {i.name: list(i.shape) for i in inputs if i.name in overrides}
-    dtype_dict = {i.name: i.dtype for i in inputs}
+    dtype_dict = {i.name: carrier_name(i.dtype) for i in inputs}
     importer = _make_importer_class()(shape_dict, dtype_dict, keep_params_in_input=False,
                                       sanitize=True)
     symbolic = [f"{i.name}[{k}]={d}" for i in inputs for k, d in enumerate(i.shape)
@@ -190,7 +195,8 @@ def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None
             raise ShapeError(f"import failed with symbolic dimensions {', '.join(symbolic)}: "
                              f"{reason}; pass --shape to make them static") from None
         raise ImportFailure(f"import failed: {reason}") from None
-    outputs = _output_infos(mod, model)
+    outputs = [TensorInfo(o.name, o.shape, narrow_outputs.get(o.name, o.dtype))
+               for o in _output_infos(mod, model)]
     return ImportedModel(mod=mod, inputs=inputs, outputs=outputs, opset=opset)
 
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from .artifact import Artifact, read_artifact
 from .errors import ArtifactError, ShapeError
+from .narrow_types import by_name, from_carrier, np_dtype, to_carrier
 from .onnx_model import TensorInfo
 from .targets import check_host_can_run
 
@@ -75,7 +76,8 @@ class LoadedModel:
     def to_device(self, feeds: dict[str, np.ndarray]) -> list:
         import tvm
 
-        return [tvm.runtime.tensor(np.ascontiguousarray(feeds[i.name]), self.device)
+        # 8/4/2-bit inputs (ml_dtypes arrays) enter as their int8/uint8 carriers
+        return [tvm.runtime.tensor(np.ascontiguousarray(to_carrier(feeds[i.name])), self.device)
                 for i in self.inputs]
 
     def run_device(self, args: list):
@@ -87,7 +89,8 @@ class LoadedModel:
         if check:
             check_inputs(self.inputs, feeds)
         result = self.run_device(self.to_device(feeds))
-        return dict(zip([o.name for o in self.outputs], flatten_result(result)))
+        return {o.name: from_carrier(arr, o.dtype)
+                for o, arr in zip(self.outputs, flatten_result(result))}
 
 
 def flatten_result(result) -> list[np.ndarray]:
@@ -135,8 +138,14 @@ def random_inputs(inputs: list[TensorInfo], dims: dict[str, int] | None = None,
     out = {}
     for i in inputs:
         shape = tuple(d if isinstance(d, int) else dims.get(d, 1) for d in (i.shape or ()))
-        dt = np.dtype(i.dtype) if i.dtype != "bool" else np.dtype(bool)
-        if dt == bool:
+        dt = np_dtype(i.dtype)  # 'int4' is ml_dtypes' int4 (numpy reads it as int32)
+        narrow = by_name(i.dtype)
+        if narrow is not None and not narrow.is_float:
+            lo, hi = narrow.int_range
+            out[i.name] = rng.integers(lo, hi + 1, shape).astype(dt)
+        elif narrow is not None:
+            out[i.name] = rng.standard_normal(shape).astype(np.float32).astype(dt)
+        elif dt == bool:
             out[i.name] = rng.integers(0, 2, shape).astype(bool)
         elif np.issubdtype(dt, np.integer):
             # an all-zero attention-mask row makes softmax NaN in every runtime: keep masks on

@@ -220,6 +220,7 @@ def run_ort(case: Case) -> tuple[str | None, str]:
 def run_tvmopt(case: Case, target) -> tuple[str | None, str]:
     import tempfile
 
+    import numpy as np
     import onnx
     import tvm
     from tvm import relax
@@ -227,6 +228,7 @@ def run_tvmopt(case: Case, target) -> tuple[str | None, str]:
     from tvmopt import pipeline
     from tvmopt.errors import TvmoptError
     from tvmopt.frontend import import_onnx
+    from tvmopt.narrow_types import from_carrier, to_carrier
     from tvmopt.onnx_model import load_onnx
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -255,9 +257,14 @@ def run_tvmopt(case: Case, target) -> tuple[str | None, str]:
         for name, value in zip(names, case.inputs):
             if value is None or isinstance(value, list):
                 return "run", f"input '{name}': sequence/optional inputs are not fed by tvmopt"
-            args.append(tvm.runtime.tensor(value, dev))
+            # as tvmopt's runtime feeds them: 8/4/2-bit arrays as their int8/uint8 carriers
+            args.append(tvm.runtime.tensor(np.ascontiguousarray(to_carrier(value)), dev))
         out = vm["main"](*args)
         got = _to_numpy(out)
+        flat = got if isinstance(got, list) else [got]
+        if len(flat) == len(imported.outputs) and not any(isinstance(g, list) for g in flat):
+            flat = [from_carrier(g, o.dtype) for g, o in zip(flat, imported.outputs)]
+            got = flat if isinstance(got, list) else flat[0]
     except Exception as err:
         return "run", _last_line(err)
     diff = compare(got if isinstance(got, list) else [got], case.outputs, case.rtol, case.atol)

@@ -1,9 +1,10 @@
-"""Cast / CastLike: refuse 8- and 4-bit float conversions that TVM 0.27 gets wrong.
+"""Cast / CastLike, with exact 8/4/2-bit conversions.
 
-Measured on the ONNX node cases: TVM's casts to float8 e4m3fn/e5m2 do not saturate as ONNX
-specifies (and ignore `saturate`), the FNUZ variants come out as different values altogether,
-float8 -> float differs on some values, and float4 does not build. A wrong number is worse than
-an error, so these casts are refused by name. float8_e8m0 -> float is exact and kept.
+TVM 0.27's own casts to float8 e4m3fn/e5m2 do not saturate as ONNX specifies (and ignore
+`saturate`), the FNUZ variants come out as different values altogether, float8 -> float
+differs on some values, float4 does not build, and sub-byte integers cannot cross the VM
+boundary. So a cast touching a narrow type is built by tvmopt (`narrow.py`: byte carriers,
+table decode, threshold encode, as onnx.reference computes it); every other cast is TVM's.
 """
 
 from __future__ import annotations
@@ -24,13 +25,50 @@ def _dtype_name(value) -> str | None:
 
 
 def _check(src: str | None, dst: str | None) -> None:
-    def low_float(name):
-        return name is not None and ("float8" in name or "float4" in name)
+    """Refuse what TVM would get wrong when the types were not annotated by carry_in_bytes."""
+    from ..narrow_types import by_name
 
-    exact = src is not None and "e8m0" in src and dst is not None and not low_float(dst)
-    if (low_float(src) or low_float(dst)) and not exact:
-        raise ValueError(f"Cast from {src} to {dst} is not supported: TVM 0.27's 8/4-bit float "
-                         "conversions do not follow ONNX rounding/saturation")
+    def low_float(name):
+        t = by_name(name)
+        return t is not None and t.is_float
+
+    if low_float(src) or low_float(dst):
+        raise ValueError(f"Cast from {src} to {dst} is not supported here: TVM 0.27's 8/4-bit "
+                         "float conversions do not follow ONNX rounding/saturation")
+
+
+def _attr_str(attr, name, default):
+    v = attr.get(name, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def narrow_cast(bb, x, src: int, dst: int, saturate: bool = True, round_mode: str = "up"):
+    """Cast between ONNX element types when either is narrow; None when neither is.
+
+    `x` is the carrier of `src` when src is narrow; the result is the carrier of `dst` when dst
+    is narrow.
+    """
+    from tvm import relax
+
+    from ..narrow_types import by_onnx
+    from .narrow import decode, encode_float, onnx_dtype_name, wrap_int
+
+    s, d = by_onnx(src), by_onnx(dst)
+    if s is None and d is None:
+        return None
+    if s is not None and s == d:
+        return x
+    if d is None:
+        dst_name = onnx_dtype_name(dst)
+        if dst_name is None:
+            raise ValueError(f"Cast from {s.name} to ONNX type {dst} is not supported")
+        if s.is_float:  # exact in float32, then one rounding to the target as ml_dtypes does
+            return relax.op.astype(decode(bb, x, s, "float32"), dst_name)
+        return relax.op.astype(x, dst_name)
+    value = decode(bb, x, s, "float32") if s is not None and s.is_float else x
+    if d.is_float:
+        return encode_float(bb, value, d, saturate, round_mode)
+    return wrap_int(bb, value, d)
 
 
 @register("Cast")
@@ -40,6 +78,15 @@ class Cast:
         def convert(bb, inputs, attr, params):
             from onnx import helper
 
+            from .narrow import onnx_types
+
+            types = onnx_types(attr)
+            if types is not None:
+                out = narrow_cast(bb, inputs[0], types[0][0], attr["to"],
+                                  bool(attr.get("saturate", 1)),
+                                  _attr_str(attr, "round_mode", "up"))
+                if out is not None:
+                    return out
             try:
                 dst = str(helper.tensor_dtype_to_np_dtype(attr["to"]))
             except Exception:  # noqa: BLE001 - leave unknown codes to TVM's converter
@@ -55,6 +102,15 @@ class CastLike:
     @classmethod
     def get_converter(cls, opset):
         def convert(bb, inputs, attr, params):
+            from .narrow import onnx_types
+
+            types = onnx_types(attr)
+            if types is not None:
+                out = narrow_cast(bb, inputs[0], types[0][0], types[0][1],
+                                  bool(attr.get("saturate", 1)),
+                                  _attr_str(attr, "round_mode", "up"))
+                if out is not None:
+                    return out
             _check(_dtype_name(inputs[0]), _dtype_name(inputs[1]))
             return _tvm_converter("CastLike").get_converter(opset)(bb, inputs, attr, params)
 
