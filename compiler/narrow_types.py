@@ -102,12 +102,18 @@ def np_dtype(dtype: str) -> np.dtype:
     return t.np_dtype if t else np.dtype(bool if dtype == "bool" else dtype)
 
 
+def contiguous(arr) -> np.ndarray:
+    """A C-contiguous array of the same shape (np.ascontiguousarray makes 0-d arrays 1-d)."""
+    arr = np.asarray(arr)
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+
 def to_carrier(arr: np.ndarray) -> np.ndarray:
-    """An ml_dtypes array of a narrow type as its carrier; other arrays unchanged."""
+    """An ml_dtypes array of a narrow type as its (C-contiguous) carrier; others unchanged."""
     t = by_name(arr.dtype)
     if t is None:
         return arr
-    arr = np.ascontiguousarray(arr)
+    arr = contiguous(arr)
     return arr.view(np.uint8) if t.is_float else arr.astype(t.carrier)
 
 
@@ -116,5 +122,5 @@ def from_carrier(arr: np.ndarray, dtype: str) -> np.ndarray:
     t = by_name(dtype)
     if t is None:
         return arr
-    arr = np.ascontiguousarray(arr)
+    arr = contiguous(arr)
     return arr.view(t.np_dtype) if t.is_float else arr.astype(t.np_dtype)

@@ -8,7 +8,7 @@ import numpy as np
 
 from .artifact import Artifact, read_artifact
 from .errors import ArtifactError, ShapeError
-from .narrow_types import by_name, from_carrier, np_dtype, to_carrier
+from .narrow_types import by_name, contiguous, from_carrier, np_dtype, to_carrier
 from .onnx_model import TensorInfo
 from .targets import check_host_can_run
 
@@ -77,7 +77,7 @@ class LoadedModel:
         import tvm
 
         # 8/4/2-bit inputs (ml_dtypes arrays) enter as their int8/uint8 carriers
-        return [tvm.runtime.tensor(np.ascontiguousarray(to_carrier(feeds[i.name])), self.device)
+        return [tvm.runtime.tensor(contiguous(to_carrier(feeds[i.name])), self.device)
                 for i in self.inputs]
 
     def run_device(self, args: list):

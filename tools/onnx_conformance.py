@@ -220,7 +220,6 @@ def run_ort(case: Case) -> tuple[str | None, str]:
 def run_tvmopt(case: Case, target) -> tuple[str | None, str]:
     import tempfile
 
-    import numpy as np
     import onnx
     import tvm
     from tvm import relax
@@ -228,7 +227,7 @@ def run_tvmopt(case: Case, target) -> tuple[str | None, str]:
     from tvmopt import pipeline
     from tvmopt.errors import TvmoptError
     from tvmopt.frontend import import_onnx
-    from tvmopt.narrow_types import from_carrier, to_carrier
+    from tvmopt.narrow_types import contiguous, from_carrier, to_carrier
     from tvmopt.onnx_model import load_onnx
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -258,7 +257,7 @@ def run_tvmopt(case: Case, target) -> tuple[str | None, str]:
             if value is None or isinstance(value, list):
                 return "run", f"input '{name}': sequence/optional inputs are not fed by tvmopt"
             # as tvmopt's runtime feeds them: 8/4/2-bit arrays as their int8/uint8 carriers
-            args.append(tvm.runtime.tensor(np.ascontiguousarray(to_carrier(value)), dev))
+            args.append(tvm.runtime.tensor(contiguous(to_carrier(value)), dev))
         out = vm["main"](*args)
         got = _to_numpy(out)
         flat = got if isinstance(got, list) else [got]

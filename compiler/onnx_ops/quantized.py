@@ -8,6 +8,8 @@ point and saturate to the output type. Scales and zero points may be run-time te
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import register
 
 
@@ -135,5 +137,154 @@ class QLinearConv:
             mult = _multiplier(bb, x_scale, w_scale, y_scale)
             out_dtype = _dtype(bb, y_zp if y_zp is not None else x)
             return _requantize(bb, acc, mult, y_zp, out_dtype)
+
+        return convert
+
+
+# ------------------------------------------------------------------------------------------
+# QuantizeLinear / DequantizeLinear with 8/4/2-bit types or blocked quantization
+#
+# TVM's converters cover int8/uint8/int16 per-tensor and per-axis quantization; they are kept
+# for those. A narrow type (float8, float4, int4/uint4, int2/uint2: see narrow.py) or a
+# `block_size` (opset 21+, THE pattern of int4 weight-only LLM exports) goes through these,
+# computed as onnx.reference's op_quantize_linear / op_dequantize_linear.
+
+_INT_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
+               "uint16": (0, 65535)}
+
+
+def _static_shape(bb, expr) -> list:
+    return [int(v) if hasattr(v, "value") else v for v in bb.normalize(expr).ty.shape.values]
+
+
+def _broadcast_param(bb, value, x, axis: int, block_size: int):
+    """Scale or zero point made broadcastable to x (onnx.reference's _quant_utils.reshape_input)."""
+    from tvm import relax
+
+    shape = _static_shape(bb, value)
+    ndim = _ndim(bb, x)
+    if not shape:
+        return value
+    if all(isinstance(d, int) for d in shape) and int(np.prod(shape)) == 1:
+        return relax.op.reshape(value, [])
+    axis = axis % ndim
+    if not block_size:
+        if len(shape) != 1:
+            raise ValueError(f"scale/zero point of shape {shape} needs block_size (or must be 1-D)")
+        return _per_channel(bb, value, axis, ndim)
+    if len(shape) != ndim:
+        raise ValueError(f"blocked quantization: scale/zero point has rank {len(shape)}, "
+                         f"input has rank {ndim}")
+    value = relax.op.repeat(value, int(block_size), axis=axis)
+    x_len = _static_shape(bb, x)[axis]
+    rep_len = _static_shape(bb, value)[axis]
+    if not isinstance(x_len, int) or not isinstance(rep_len, int):
+        raise ValueError("blocked quantization along a symbolic dimension is not supported")
+    if rep_len < x_len:
+        raise ValueError(f"blocked quantization: {shape[axis]} blocks of {block_size} do not "
+                         f"cover dimension {axis} of size {x_len}")
+    if rep_len != x_len:  # the last block is shorter
+        value = relax.op.strided_slice(value, axes=[axis], begin=[0], end=[x_len])
+    return value
+
+
+def _wider_float(a: str, b: str) -> str:
+    order = ["float16", "bfloat16", "float32", "float64"]
+    if a == b:
+        return a
+    return max((a, b), key=lambda d: order.index(d) if d in order else -1)
+
+
+def _narrow_or_blocked(types, attr) -> bool:
+    from ..narrow_types import by_onnx
+
+    return bool(attr.get("block_size", 0)) or any(by_onnx(t) for t in types[0] + types[1])
+
+
+def _quantize(bb, inputs, attr, types):
+    from tvm import relax
+
+    from ..narrow_types import by_onnx
+    from .narrow import decode, encode_float, onnx_dtype_name
+
+    x, scale, zp = (list(inputs) + [None, None])[:3]
+    axis, block = attr.get("axis", 1), attr.get("block_size", 0)
+    out_type = types[1][0] or attr.get("output_dtype", 0) or \
+        (types[0][2] if len(types[0]) > 2 else 0) or 2  # default uint8
+    precision = attr.get("precision", 0)
+    if precision:
+        pdt = onnx_dtype_name(precision)
+        x, scale = relax.op.astype(x, pdt), relax.op.astype(scale, pdt)
+    else:
+        compute = _wider_float(_dtype(bb, x), _dtype(bb, scale))
+        x, scale = relax.op.astype(x, compute), relax.op.astype(scale, compute)
+    q = relax.op.divide(x, _broadcast_param(bb, scale, x, axis, block))
+    t = by_onnx(out_type)
+    out_name = onnx_dtype_name(out_type)
+    if t is None or not t.is_float:
+        lo, hi = t.int_range if t else _INT_RANGES.get(out_name, (None, None))
+        if lo is None:
+            raise ValueError(f"QuantizeLinear to {out_name} is not supported")
+        qi = relax.op.astype(relax.op.round(q), "int32")  # round half to even, as np.rint
+        if zp is not None:
+            qi = relax.op.add(qi, relax.op.astype(_broadcast_param(bb, zp, x, axis, block), "int32"))
+        return relax.op.astype(relax.op.clip(qi, lo, hi), t.carrier if t else out_name)
+    if t.name.startswith("float8"):  # the reference ignores the (zero) float8 zero point
+        return encode_float(bb, q, t, bool(attr.get("saturate", 1)))
+    if zp is not None:  # float4/float6: no inf/NaN, so the cast saturates anyway
+        zpf = decode(bb, _broadcast_param(bb, zp, x, axis, block), t, "float32")
+        q = relax.op.add(relax.op.astype(q, "float32"), zpf)
+    return encode_float(bb, q, t, True)
+
+
+def _dequantize(bb, inputs, attr, types):
+    from tvm import relax
+
+    from ..narrow_types import by_onnx
+    from .narrow import decode, onnx_dtype_name
+
+    x, scale, zp = (list(inputs) + [None, None])[:3]
+    axis, block = attr.get("axis", 1), attr.get("block_size", 0)
+    t = by_onnx(types[0][0])
+    if t is not None and t.is_float:
+        dx = decode(bb, x, t, "float32")  # float8/float4 zero points are zero (or ignored)
+    else:
+        dx = relax.op.astype(x, "float32")
+        if zp is not None:
+            dx = relax.op.subtract(dx, relax.op.astype(_broadcast_param(bb, zp, x, axis, block),
+                                                       "float32"))
+    y = relax.op.multiply(dx, relax.op.astype(_broadcast_param(bb, scale, x, axis, block),
+                                              "float32"))
+    out = onnx_dtype_name(attr.get("output_dtype", 0)) or _dtype(bb, scale)
+    return relax.op.astype(y, out)
+
+
+@register("QuantizeLinear")
+class QuantizeLinear:
+    @classmethod
+    def get_converter(cls, opset):
+        def convert(bb, inputs, attr, params):
+            from .narrow import onnx_types
+
+            types = onnx_types(attr)
+            if types is not None and _narrow_or_blocked(types, attr):
+                return _quantize(bb, inputs, attr, types)
+            return _tvm_converter("QuantizeLinear").get_converter(opset)(bb, inputs, attr, params)
+
+        return convert
+
+
+@register("DequantizeLinear")
+class DequantizeLinear:
+    @classmethod
+    def get_converter(cls, opset):
+        def convert(bb, inputs, attr, params):
+            from .narrow import onnx_types
+
+            types = onnx_types(attr)
+            if types is not None and _narrow_or_blocked(types, attr):
+                return _dequantize(bb, inputs, attr, types)
+            return _tvm_converter("DequantizeLinear").get_converter(opset)(bb, inputs, attr,
+                                                                           params)
 
         return convert
