@@ -124,3 +124,11 @@ def from_carrier(arr: np.ndarray, dtype: str) -> np.ndarray:
         return arr
     arr = contiguous(arr)
     return arr.view(t.np_dtype) if t.is_float else arr.astype(t.np_dtype)
+
+
+def from_npz(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """np.savez stores ml_dtypes arrays as raw bytes ('V1'): read them back as `dtype`."""
+    t = by_name(dtype)
+    if t is not None and arr.dtype.kind == "V" and arr.dtype.itemsize == 1:
+        return arr.view(t.np_dtype)
+    return arr

@@ -237,3 +237,25 @@ def test_narrow_type_inside_a_subgraph_is_refused():
                    [helper.make_tensor_value_info("out", TP.FLOAT, [2])])
     with pytest.raises(ImportFailure, match="8/4/2-bit types inside control-flow subgraphs"):
         import_onnx(model)
+
+
+def test_cli_run_with_int4_npz(cli, tmp_path):
+    """`tvmopt run --inputs in.npz`: np.savez stores ml_dtypes arrays as raw bytes (V1)."""
+    model = _model([helper.make_node("Cast", ["q"], ["f"], to=TP.FLOAT),
+                    helper.make_node("Identity", ["q"], ["same"])],
+                   [helper.make_tensor_value_info("q", TP.INT4, [4])],
+                   [helper.make_tensor_value_info("f", TP.FLOAT, [4]),
+                    helper.make_tensor_value_info("same", TP.INT4, [4])])
+    path, art = tmp_path / "q.onnx", tmp_path / "q.tvmopt"
+    onnx.save(model, str(path))
+    assert cli("compile", path, "-o", art).exit_code == 0
+    q = np.array([-8, -1, 0, 7], ml_dtypes.int4)
+    np.savez(tmp_path / "in.npz", q=q)
+    res = cli("run", art, "--inputs", tmp_path / "in.npz", "--outputs", tmp_path / "out.npz")
+    assert res.exit_code == 0, res.output
+    with np.load(tmp_path / "out.npz") as out:
+        np.testing.assert_array_equal(out["f"], [-8, -1, 0, 7])
+        assert out["same"].view(ml_dtypes.int4).tolist() == q.tolist()
+    np.savez(tmp_path / "bad.npz", q=q.astype(np.int8))
+    bad = cli("run", art, "--inputs", tmp_path / "bad.npz")
+    assert bad.exit_code != 0 and "input 'q': dtype int8, expected int4" in bad.output
