@@ -107,6 +107,7 @@ def inspect_model(path: str | Path, model=None) -> ModelInfo:
     import onnx
 
     from .frontend import model_opset, unsupported_ops
+    from .narrow_types import by_onnx
     from .onnx_model import load_onnx
 
     model = model if model is not None else load_onnx(path)
@@ -115,6 +116,10 @@ def inspect_model(path: str | Path, model=None) -> ModelInfo:
     for t in model.graph.initializer:
         n = int(np.prod(t.dims)) if t.dims else 1
         params += n
+        narrow = by_onnx(t.data_type)  # int4/int2/float4 are packed in the file
+        if narrow is not None:
+            pbytes += (n * narrow.bits + 7) // 8
+            continue
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
         pbytes += n * itemsize
     flops, unknown = estimate_flops(model)

@@ -259,3 +259,15 @@ def test_cli_run_with_int4_npz(cli, tmp_path):
     np.savez(tmp_path / "bad.npz", q=q.astype(np.int8))
     bad = cli("run", art, "--inputs", tmp_path / "bad.npz")
     assert bad.exit_code != 0 and "input 'q': dtype int8, expected int4" in bad.output
+
+
+def test_nonzero_float8_zero_point_is_refused():
+    from tvmopt.frontend import import_onnx
+
+    zp = numpy_helper.from_array(np.array(1.0, ml_dtypes.float8_e4m3fn), "zp")
+    s = numpy_helper.from_array(np.array(0.5, np.float32), "s")
+    model = _model([helper.make_node("DequantizeLinear", ["x", "s", "zp"], ["y"])],
+                   [helper.make_tensor_value_info("x", TP.FLOAT8E4M3FN, [3])],
+                   [helper.make_tensor_value_info("y", TP.FLOAT, [3])], [s, zp])
+    with pytest.raises(ImportFailure, match="float8_e4m3fn zero point must be 0"):
+        import_onnx(model)

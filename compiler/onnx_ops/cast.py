@@ -80,7 +80,7 @@ class Cast:
 
             from .narrow import onnx_types
 
-            types = onnx_types(attr)
+            types = onnx_types(attr, inputs, "Cast")
             if types is not None:
                 out = narrow_cast(bb, inputs[0], types[0][0], attr["to"],
                                   bool(attr.get("saturate", 1)),
@@ -104,7 +104,7 @@ class CastLike:
         def convert(bb, inputs, attr, params):
             from .narrow import onnx_types
 
-            types = onnx_types(attr)
+            types = onnx_types(attr, inputs, "CastLike")
             if types is not None:
                 out = narrow_cast(bb, inputs[0], types[0][0], types[0][1],
                                   bool(attr.get("saturate", 1)),

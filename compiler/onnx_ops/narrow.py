@@ -148,11 +148,32 @@ def carry_in_bytes(model):
     return out, narrow_outputs
 
 
-def onnx_types(attr: dict) -> tuple[list[int], list[int]] | None:
-    """The (input, output) ONNX element types recorded by carry_in_bytes, or None."""
+def onnx_types(attr: dict, inputs=(), op: str = "") -> tuple[list[int], list[int]] | None:
+    """The (input, output) ONNX element types recorded by carry_in_bytes, or None.
+
+    Raises:
+        ValueError: an input's ONNX type is unknown (shape inference failed) while its Relax
+            dtype is a carrier: it might hold a narrow type, and guessing would be silent.
+    """
     if "tvmopt_in" not in attr:
         return None
-    return list(attr.pop("tvmopt_in")), list(attr.pop("tvmopt_out"))
+    ins, outs = list(attr.pop("tvmopt_in")), list(attr.pop("tvmopt_out"))
+    for k, (elem, x) in enumerate(zip(ins, inputs)):
+        dt = getattr(getattr(x, "ty", None), "dtype", None) if x is not None else None
+        if not elem and str(dt) in ("int8", "uint8"):
+            raise ValueError(f"{op} input {k}: its ONNX type is unknown (shape inference failed) "
+                             f"and its {dt} tensor may carry an 8/4/2-bit type; declare the type "
+                             "in the model's value_info")
+    return ins, outs
+
+
+def require_zero(x, t: NarrowType, what: str) -> None:
+    """float8 zero points must be zero (the spec; onnx.reference refuses others)."""
+    import tvm
+
+    if isinstance(x, tvm.ir.expr.Constant) and \
+            np.any(decode_table(t.name)[x.value.numpy().astype(np.int64)] != 0):
+        raise ValueError(f"{what}: a {t.name} zero point must be 0")
 
 
 def onnx_dtype_name(elem_type: int) -> str | None:

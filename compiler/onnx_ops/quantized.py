@@ -205,7 +205,7 @@ def _quantize(bb, inputs, attr, types):
     from tvm import relax
 
     from ..narrow_types import by_onnx
-    from .narrow import decode, encode_float, onnx_dtype_name
+    from .narrow import decode, encode_float, onnx_dtype_name, require_zero
 
     x, scale, zp = (list(inputs) + [None, None])[:3]
     axis, block = attr.get("axis", 1), attr.get("block_size", 0)
@@ -230,6 +230,8 @@ def _quantize(bb, inputs, attr, types):
             qi = relax.op.add(qi, relax.op.astype(_broadcast_param(bb, zp, x, axis, block), "int32"))
         return relax.op.astype(relax.op.clip(qi, lo, hi), t.carrier if t else out_name)
     if t.name.startswith("float8"):  # the reference ignores the (zero) float8 zero point
+        if zp is not None:
+            require_zero(zp, t, "QuantizeLinear")
         return encode_float(bb, q, t, bool(attr.get("saturate", 1)))
     if zp is not None:  # float4/float6: no inf/NaN, so the cast saturates anyway
         zpf = decode(bb, _broadcast_param(bb, zp, x, axis, block), t, "float32")
@@ -241,13 +243,15 @@ def _dequantize(bb, inputs, attr, types):
     from tvm import relax
 
     from ..narrow_types import by_onnx
-    from .narrow import decode, onnx_dtype_name
+    from .narrow import decode, onnx_dtype_name, require_zero
 
     x, scale, zp = (list(inputs) + [None, None])[:3]
     axis, block = attr.get("axis", 1), attr.get("block_size", 0)
     t = by_onnx(types[0][0])
     if t is not None and t.is_float:
-        dx = decode(bb, x, t, "float32")  # float8/float4 zero points are zero (or ignored)
+        if zp is not None and t.name.startswith("float8"):
+            require_zero(zp, t, "DequantizeLinear")
+        dx = decode(bb, x, t, "float32")  # float8 zero points are zero; float4's are ignored
     else:
         dx = relax.op.astype(x, "float32")
         if zp is not None:
@@ -266,7 +270,7 @@ class QuantizeLinear:
         def convert(bb, inputs, attr, params):
             from .narrow import onnx_types
 
-            types = onnx_types(attr)
+            types = onnx_types(attr, inputs, "QuantizeLinear")
             if types is not None and _narrow_or_blocked(types, attr):
                 return _quantize(bb, inputs, attr, types)
             return _tvm_converter("QuantizeLinear").get_converter(opset)(bb, inputs, attr, params)
@@ -281,7 +285,7 @@ class DequantizeLinear:
         def convert(bb, inputs, attr, params):
             from .narrow import onnx_types
 
-            types = onnx_types(attr)
+            types = onnx_types(attr, inputs, "DequantizeLinear")
             if types is not None and _narrow_or_blocked(types, attr):
                 return _dequantize(bb, inputs, attr, types)
             return _tvm_converter("DequantizeLinear").get_converter(opset)(bb, inputs, attr,
