@@ -132,3 +132,12 @@ def from_npz(arr: np.ndarray, dtype: str) -> np.ndarray:
     if t is not None and arr.dtype.kind == "V" and arr.dtype.itemsize == 1:
         return arr.view(t.np_dtype)
     return arr
+
+
+def like_narrow(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """onnxruntime's output of a narrow type (raw uint8 codes / int8 values) as got's dtype."""
+    t = by_name(got.dtype)
+    ref = np.asarray(ref)
+    if t is None or ref.dtype == got.dtype or ref.shape != got.shape or ref.dtype.itemsize != 1:
+        return ref
+    return contiguous(ref).view(t.np_dtype) if t.is_float else ref.astype(t.np_dtype)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .errors import VerificationError
+from .narrow_types import like_narrow
 
 
 @dataclass
@@ -56,7 +57,7 @@ def compare(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], tol: Toleran
     errs = []
     for name, r in ref.items():
         g = np.asarray(got[name])
-        r = np.asarray(r)
+        r = like_narrow(r, g)  # onnxruntime gives float8 as uint8 codes
         if g.shape != r.shape:
             raise VerificationError(f"output '{name}': shape {g.shape}, onnxruntime gives {r.shape}")
         if r.dtype == bool or np.issubdtype(r.dtype, np.integer):

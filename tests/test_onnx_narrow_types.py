@@ -43,6 +43,24 @@ def _build(model, tmp_path, name="m"):
     return load(res.artifact.path)
 
 
+def _build_in_memory(model):
+    """import -> build -> the runtime's LoadedModel, without the plan/export of an artifact
+    (the exhaustive models have many kernels; the artifact path is tested below)."""
+    from types import SimpleNamespace
+
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline, targets
+    from tvmopt.frontend import import_onnx
+    from tvmopt.runtime import LoadedModel
+
+    imported = import_onnx(model)
+    ex = pipeline.build(imported.mod, targets.get_target("x86").to_tvm(), "cpu")
+    art = SimpleNamespace(inputs=imported.inputs, outputs=imported.outputs)
+    return LoadedModel(art, relax.VirtualMachine(ex, tvm.cpu()), tvm.cpu())
+
+
 def _same(got: np.ndarray, want: np.ndarray, what: str):
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
     assert got.shape == want.shape, what
@@ -85,7 +103,7 @@ def _probe_values() -> np.ndarray:
     return np.concatenate([x, -x]).astype(np.float32)
 
 
-def test_float_to_float8_float4_e8m0_every_mode(tmp_path):
+def test_float_to_float8_float4_e8m0_every_mode():
     x = _probe_values()
     with np.errstate(over="ignore"):
         x16 = x.astype(np.float16)
@@ -107,12 +125,12 @@ def test_float_to_float8_float4_e8m0_every_mode(tmp_path):
             outs.append(helper.make_tensor_value_info(name, TP.FLOAT8E8M0, [len(x)]))
     model = _model(nodes, [helper.make_tensor_value_info("x", TP.FLOAT, [len(x)]),
                            helper.make_tensor_value_info("x16", TP.FLOAT16, [len(x)])], outs)
-    lm = _build(model, tmp_path)
+    lm = _build_in_memory(model)
     assert [o.dtype for o in lm.outputs][:2] == ["float8_e4m3fn", "float8_e4m3fn"]
     _check_all(lm, model, {"x": x, "x16": x16})
 
 
-def test_every_code_decodes(tmp_path):
+def test_every_code_decodes():
     feeds, inputs, nodes, outs = {}, [], [], []
     types = {k: (v, 256) for k, v in FLOAT8.items()} | SMALL_FLOATS
     for k, (dt, n) in types.items():
@@ -130,7 +148,7 @@ def test_every_code_decodes(tmp_path):
     outs.append(helper.make_tensor_value_info("moved", TP.FLOAT8E4M3FN, [16, 16]))
     shape = numpy_helper.from_array(np.array([16, 16], np.int64), "shape")
     model = _model(nodes, inputs, outs, [shape])
-    lm = _build(model, tmp_path)
+    lm = _build_in_memory(model)
     assert lm.inputs[0].dtype == "float8_e4m3fn"
     _check_all(lm, model, feeds)
 
@@ -209,19 +227,26 @@ def test_int4_blocked_dequantize_matmul_compile_verify(cli, tmp_path):
     zp = rng.integers(-2, 2, (4, n)).astype(ml_dtypes.int4)
     model = _model(
         [helper.make_node("DequantizeLinear", ["w", "scale", "zp"], ["wf"], axis=0, block_size=block),
-         helper.make_node("MatMul", ["x", "wf"], ["y"])],
+         helper.make_node("MatMul", ["x", "wf"], ["y"]),
+         # a float8 output too: onnxruntime returns its raw codes, verify must read them as such
+         helper.make_node("QuantizeLinear", ["y", "qs"], ["y8"], output_dtype=TP.FLOAT8E4M3FN)],
         [helper.make_tensor_value_info("x", TP.FLOAT, [2, k])],
-        [helper.make_tensor_value_info("y", TP.FLOAT, [2, n])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, [2, n]),
+         helper.make_tensor_value_info("y8", TP.FLOAT8E4M3FN, [2, n])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(scale, "scale"),
-         numpy_helper.from_array(zp, "zp")], opset=21)
+         numpy_helper.from_array(zp, "zp"), numpy_helper.from_array(np.array(0.01, np.float32), "qs")],
+        opset=21)
     path = tmp_path / "int4_mm.onnx"
     onnx.save(model, str(path))
     out = tmp_path / "int4_mm.tvmopt"
     res = cli("compile", path, "-o", out, "--verify")
     assert res.exit_code == 0, res.output
+    assert "verify y8: max abs err 0.00e+00" in res.output
     x = rng.standard_normal((2, k)).astype(np.float32)
-    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
-    np.testing.assert_allclose(load(out).run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    got = load(out).run({"x": x})
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-5)
+    assert got["y8"].dtype == want[1].dtype
 
 
 def test_narrow_type_inside_a_subgraph_is_refused():

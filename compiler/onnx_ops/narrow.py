@@ -295,21 +295,32 @@ def decode(bb, x, t: NarrowType, out_dtype: str = "float32"):
     if not t.is_float:
         return relax.op.astype(x, out_dtype)
     table = relax.const(decode_table(t.name), "float32")
-    y = relax.op.take(table, relax.op.astype(x, "int32"), axis=0)
+    y = relax.op.take(table, relax.op.astype(x, "int32"), axis=0, mode="clip")  # always in range
     return y if out_dtype == "float32" else relax.op.astype(y, out_dtype)
 
 
-def _search(a, table: np.ndarray, steps: int):
-    """The number of entries of the sorted `table` that are <= a, by binary search."""
-    from tvm import relax
+def _search(bb, a, table: np.ndarray, steps: int):
+    """The number of entries of the sorted `table` that are <= a, by binary search.
 
-    t = relax.const(table, str(table.dtype))
-    code = relax.op.zeros_like(a, "int32")
-    for bit in reversed(range(steps)):
-        cand = relax.op.add(code, _const(1 << bit, "int32"))
-        bound = relax.op.take(t, relax.op.subtract(cand, _const(1, "int32")), axis=0)
-        code = relax.op.where(relax.op.greater_equal(a, bound), cand, code)
-    return code
+    One TE kernel (a stage per step): a chain of Relax ops would cut fusion at every table
+    lookup (a gather is opaque to FuseOps), giving ~4 kernels per step.
+    """
+    from tvm import relax, te
+    from tvm import tirx as tir  # TVM 0.27 renamed tir to tirx
+
+    def search(a_t, table_t):
+        code = te.compute(a_t.shape, lambda *i: tir.const(0, "int32"), name="code")
+        def stepper(prev, bit):  # code += 2^bit where the threshold below that is reached
+            def step(*i):
+                cand = prev(*i) + (1 << bit)
+                return tir.Select(a_t(*i) >= table_t[cand - 1], cand, prev(*i))
+            return step
+
+        for bit in reversed(range(steps)):
+            code = te.compute(a_t.shape, stepper(code, bit), name=f"code_bit{bit}")
+        return code
+
+    return bb.emit_te(search, bb.emit(a), relax.const(table, str(table.dtype)))
 
 
 def encode_float(bb, x, t: NarrowType, saturate: bool = True, round_mode: str = "up"):
@@ -320,7 +331,7 @@ def encode_float(bb, x, t: NarrowType, saturate: bool = True, round_mode: str = 
     if t.name == "float8_e8m0fnu":
         x = relax.op.astype(x, "float32")  # to_float8e8m0 works on float32
         table, steps = e8m0_table(round_mode)
-        code = _search(relax.op.abs(x), table, steps)
+        code = _search(bb, relax.op.abs(x), table, steps)
         if saturate:
             code = relax.op.minimum(code, _const(254, "int32"))
         special = relax.op.logical_or(relax.op.isnan(x), relax.op.isinf(x))
@@ -335,7 +346,7 @@ def encode_float(bb, x, t: NarrowType, saturate: bool = True, round_mode: str = 
     if saturate and lay["has_overflow"]:
         a = relax.op.minimum(a, _const(lay["max"], compute))
     table, steps = encode_table(t.name, compute)
-    code = _search(a, table, steps)
+    code = _search(bb, a, table, steps)
     neg = relax.op.less(x, _const(0, compute))
     with_sign = relax.op.add(code, _const(lay["sign"], "int32"))
     if lay["fnuz"]:  # no negative zero; the overflow code 0x80 (NaN) has no sign either
