@@ -84,8 +84,9 @@ def _check_all(lm, model, feeds):
 def _probe_values() -> np.ndarray:
     """float32 values hitting every code, midpoint (tie), neighbour and threshold of every type."""
     vals = [0.0, np.inf, np.nan, 1e-30, 3.0e38, 1e9, 0.3, 1.0 / 3, np.float32(1.4e-45)]
-    for dt in list(FLOAT8.values()) + [ml_dtypes.float4_e2m1fn]:
-        bits = 4 if dt is ml_dtypes.float4_e2m1fn else 8
+    bits_of = {ml_dtypes.float4_e2m1fn: 4, ml_dtypes.float6_e2m3fn: 6, ml_dtypes.float6_e3m2fn: 6}
+    for dt in list(FLOAT8.values()) + list(bits_of):
+        bits = bits_of.get(dt, 8)
         v = np.unique(np.arange(1 << bits, dtype=np.uint8).view(dt).astype(np.float64))
         v = v[np.isfinite(v) & (v >= 0)]
         top = v[-1] + (v[-1] - v[-2])  # the first value past the largest finite one
@@ -296,3 +297,17 @@ def test_nonzero_float8_zero_point_is_refused():
                    [helper.make_tensor_value_info("y", TP.FLOAT, [3])], [s, zp])
     with pytest.raises(ImportFailure, match="float8_e4m3fn zero point must be 0"):
         import_onnx(model)
+
+
+def test_float6_both_ways():
+    """float6 e2m3/e3m2 (Cast at opset 28): no inf/NaN, so casts saturate."""
+    x = _probe_values()
+    nodes, outs = [], []
+    for to in (TP.FLOAT6E2M3, TP.FLOAT6E3M2):
+        name = TP.DataType.Name(to).lower()
+        nodes += [helper.make_node("Cast", ["x"], [name], to=to),
+                  helper.make_node("Cast", [name], [name + "_back"], to=TP.FLOAT)]
+        outs += [helper.make_tensor_value_info(name, to, [len(x)]),
+                 helper.make_tensor_value_info(name + "_back", TP.FLOAT, [len(x)])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TP.FLOAT, [len(x)])], outs, opset=28)
+    _check_all(_build_in_memory(model), model, {"x": x})

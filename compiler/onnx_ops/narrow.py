@@ -117,17 +117,14 @@ def carry_in_bytes(model):
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
-    narrow_outputs = {}
+    # declared (or, where missing, inferred) ONNX types of the outputs, for the signature
+    narrow_outputs = {o.name: by_onnx(o.type.tensor_type.elem_type or elem.get(o.name, 0)).name
+                      for o in graph.output
+                      if by_onnx(o.type.tensor_type.elem_type or elem.get(o.name, 0))}
     for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
         t = by_onnx(vi.type.tensor_type.elem_type)
         if t:
-            if any(vi is o for o in graph.output):
-                narrow_outputs[vi.name] = t.name
             vi.type.tensor_type.elem_type = t.carrier_onnx
-    for o in graph.output:  # outputs whose declared type is missing but inferred narrow
-        t = by_onnx(elem.get(o.name, 0))
-        if t and o.name not in narrow_outputs:
-            narrow_outputs[o.name] = t.name
     for k, init in enumerate(graph.initializer):
         if by_onnx(init.data_type):
             graph.initializer[k].CopyFrom(_carrier_tensor(init))
