@@ -145,7 +145,8 @@ def run(artifact, inputs_path, outputs_path, dims):
     feeds = _load_npz(inputs_path) if inputs_path else random_inputs(lm.inputs, _parse_dims(dims))
     from .narrow_types import from_npz  # np.savez keeps 8/4/2-bit arrays as raw bytes
 
-    feeds = {k: from_npz(v, {i.name: i.dtype for i in lm.inputs}.get(k, "")) for k, v in feeds.items()}
+    dtypes = {i.name: i.dtype for i in lm.inputs}
+    feeds = {k: from_npz(v, dtypes.get(k, "")) for k, v in feeds.items()}
     outs = lm.run(feeds)
     if outputs_path:
         import numpy as np
