@@ -50,7 +50,7 @@ class CtrlC:
     """Context manager that owns SIGINT for one tuning run.
 
     Inert outside the main thread (signals can only be handled there), e.g. when tune() is
-    called from a worker thread of an embedding application.
+    called from a worker thread of an embedding application, and when SIGINT is ignored.
 
     Attributes:
         requested: a Ctrl-C arrived; tuning stops at the next safe point.
@@ -70,6 +70,8 @@ class CtrlC:
     def __enter__(self):
         if threading.current_thread() is not threading.main_thread():
             return self
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            return self  # started ignoring SIGINT (nohup, a background job): keep it that way
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._wfd, False)  # the C-level handler must never block on it
         self._old_handler = signal.signal(signal.SIGINT, _ignore)

@@ -116,3 +116,15 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_inert_when_sigint_is_ignored():
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under nohup or in a background job
+    try:
+        with CtrlC() as ctrl_c:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+        assert not ctrl_c.requested
+    finally:
+        signal.signal(signal.SIGINT, old)
