@@ -23,9 +23,7 @@ import importlib
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import tempfile
 import time
 import types
@@ -33,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import TargetError, TvmoptError
+from .tune_interrupt import CtrlC
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
@@ -522,65 +521,51 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
         if remaining > 0:
             load_target_intrinsics(target)  # before TuneContext, so it skips the full import
             per_round = opts.trials_per_round or max(4, min(64, remaining // (2 * len(tasks)) or 4))
-            contexts, weights = _tune_contexts(tasks, target, hw, folder, opts.seed,
-                                               opts.population)
             cores = int(hw.tvm_dict().get("num-cores", 1))
             progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                                 transient=False)
-            with progress:
+            # Ctrl-C is owned by CtrlC from here on (see tune_interrupt): it must be entered
+            # before the builder and runner exist, so their worker processes inherit the
+            # blocked SIGINT and a terminal's Ctrl-C does not kill a batch in flight.
+            with CtrlC(db_dir=folder, console=console) as ctrl_c, progress:
                 bar = progress.add_task("tuning", total=remaining)
+                contexts, weights = _tune_contexts(tasks, target, hw, folder, opts.seed,
+                                                   opts.population)
                 callbacks = [*ms.measure_callback.MeasureCallback.create("default"),
-                             _progress_callback(progress, bar, result)]
-                stop = _InterruptFlag()
+                             _progress_callback(progress, bar, result),
+                             ctrl_c.measure_callback()]
+                ctrl_c.scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
+                runner = make_runner(opts.rpc_tracker, opts.rpc_key,
+                                     workers=2 if opts.rpc_tracker else 1)
                 try:
+                    ctrl_c.checkpoint()  # a Ctrl-C while the contexts were made
                     ms.tune.tune_tasks(
                         tasks=contexts, task_weights=weights, work_dir=str(folder),
                         max_trials_global=remaining,
                         max_trials_per_task=opts.max_trials_per_task or remaining,
                         num_trials_per_iter=per_round,
-                        builder=make_builder(workers=1),
-                        runner=make_runner(opts.rpc_tracker, opts.rpc_key,
-                                           workers=2 if opts.rpc_tracker else 1),
+                        builder=ctrl_c.builder(make_builder(workers=1)),
+                        runner=runner,
                         database=db,
-                        cost_model=ms.cost_model.XGBModel(num_tuning_cores=cores,
-                                                          tree_method="auto"),
-                        measure_callbacks=callbacks, task_scheduler="gradient")
-                except KeyboardInterrupt:
-                    result.interrupted = True
-                except Exception:
-                    # Ctrl-C inside a Python callback reaches us as a TVM error, not as
-                    # KeyboardInterrupt; the flag tells the two apart.
-                    if not stop.hit:
+                        cost_model=ctrl_c.cost_model(ms.cost_model.XGBModel(
+                            num_tuning_cores=cores, tree_method="auto")),
+                        measure_callbacks=callbacks, task_scheduler=ctrl_c.scheduler)
+                except Exception as err:
+                    # Our StopTuning comes back as a TVM error (it crossed the FFI).
+                    if not ctrl_c.is_stop_error(err):
                         raise
-                    result.interrupted = True
                 finally:
-                    stop.restore()
+                    # Shut the runner's worker pool down here, not in a __del__ at exit.
+                    if getattr(runner, "pool", None) is not None:
+                        runner.pool.shutdown()
+                result.interrupted = ctrl_c.requested
         after = len(db.get_all_tuning_records())
         result.trials_run = after - before  # records this run added (exact after a Ctrl-C too)
         _write_manifest(folder, hw, target, opts, sha256_file(opts.model), after)
         result.tasks = summarize(db, tasks)
     result.wall_s = time.perf_counter() - t0
     return result
-
-
-class _InterruptFlag:
-    """Remember a Ctrl-C during tuning (TVM's FFI turns the KeyboardInterrupt into an error)."""
-
-    def __init__(self):
-        self.hit = False
-        self._old = None
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGINT, self._on_int)
-
-    def _on_int(self, signum, frame):
-        self.hit = True
-        raise KeyboardInterrupt
-
-    def restore(self):
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-            self._old = None
 
 
 def _tune_contexts(tasks: list[Task], target, hw, folder: Path, seed, population: int = 512):
