@@ -53,6 +53,16 @@ def _precision(target, cfg):
     return list(cfg.precision_passes)
 
 
+def _fast_math(target, cfg):
+    from tvm import relax
+
+    # erf/exp otherwise legalize to scalar libm calls (erff, expf) that LLVM cannot vectorize:
+    # 8192 floats on one core here took erf 192 us vs fast_erf 2.5 us, exp 17 us vs fast_exp
+    # 2.6 us. TOPI's fast_* (also tanh, softmax) are vectorizable polynomials for float32/16
+    # (other dtypes keep the exact op), the kind onnxruntime's MLAS uses too.
+    return [relax.transform.FastMathTransform()]
+
+
 def _fuse_legalize(target, cfg):
     from tvm import relax
 
@@ -108,7 +118,8 @@ Phase = tuple[str, Callable]
 
 # The one table of per-device behaviour.
 PHASES: dict[str, list[Phase]] = {
-    "cpu": [("simplify", _simplify), ("precision", _precision), ("fuse", _fuse_legalize),
+    "cpu": [("simplify", _simplify), ("precision", _precision), ("fastmath", _fast_math),
+            ("fuse", _fuse_legalize),
             ("database", _apply_database), ("dlight", _dlight_cpu), ("lower", _lower)],
     "cuda": [("simplify", _simplify), ("precision", _precision), ("fuse", _fuse_legalize),
              ("database", _apply_database), ("dlight", _dlight_gpu), ("lower", _lower)],
