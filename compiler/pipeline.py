@@ -60,7 +60,19 @@ def _fast_math(target, cfg):
     # 8192 floats on one core here took erf 192 us vs fast_erf 2.5 us, exp 17 us vs fast_exp
     # 2.6 us. TOPI's fast_* (also tanh, softmax) are vectorizable polynomials for float32/16
     # (other dtypes keep the exact op), the kind onnxruntime's MLAS uses too.
-    return [relax.transform.FastMathTransform()]
+    import tvm
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmopt.FastMathStaticShapes")
+    def fast_math_static(mod, ctx):
+        # FastMathTransform's call_te kernels broke FuseTIR on symbolic shapes ("Inconsistent
+        # buffers ... mapped to the same relax var", exported GPT/BERT with dynamic batch/seq):
+        # modules with symbolic dims keep the exact ops.
+        if any(relax.analysis.defined_symbolic_vars(f) for f in mod.functions.values()
+               if isinstance(f, relax.Function)):
+            return mod
+        return relax.transform.FastMathTransform()(mod)
+
+    return [fast_math_static]
 
 
 def _fuse_legalize(target, cfg):
