@@ -25,8 +25,10 @@ from .cli import _default_model, main
               help="Evolutionary-search population (smaller: faster rounds on few cores).")
 @click.option("--weight-prepack", is_flag=True,
               help="CPU layout rewrite: let schedules choose weight layouts (prepacked at compile).")
+@click.option("--missing-only", is_flag=True,
+              help="Tune only the tasks without a valid record (after a pipeline change).")
 def tune(model, target, trials, db, max_trials_per_task, shapes, rpc_tracker, rpc_key,
-         trials_per_round, prune_top_k, population, weight_prepack):
+         trials_per_round, prune_top_k, population, weight_prepack, missing_only):
     """Tune MODEL.onnx with MetaSchedule (XGBoost cost model) into a resumable database."""
     from rich.console import Console
 
@@ -37,7 +39,7 @@ def tune(model, target, trials, db, max_trials_per_task, shapes, rpc_tracker, rp
                        max_trials_per_task=max_trials_per_task, shapes=list(shapes),
                        rpc_tracker=rpc_tracker, rpc_key=rpc_key,
                        trials_per_round=trials_per_round, population=population,
-                       weight_prepack=weight_prepack)
+                       weight_prepack=weight_prepack, missing_only=missing_only)
     console = Console(stderr=True)
     result = run_tune(opts, console=console)
     print_tune_result(result)

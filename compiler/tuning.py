@@ -425,6 +425,8 @@ class TuneOptions:
             database then only serves compiles with the same setting (taken from its manifest).
         population: evolutionary-search population (TVM's default 512; smaller searches
             faster per round on few cores, at some cost in schedule quality).
+        missing_only: tune only the tasks with no valid record yet (e.g. after a pipeline
+            change altered some kernels); tasks already served by the database get no trials.
     """
 
     model: str
@@ -439,6 +441,7 @@ class TuneOptions:
     seed: int | None = 0
     population: int = 512
     weight_prepack: bool = False
+    missing_only: bool = False
 
     def __post_init__(self):
         from .onnx_model import parse_shape_spec
@@ -517,6 +520,9 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
         before = len(db.get_all_tuning_records())
         result = TuneResult(folder, [], trials_before=before, sanitized=sanitized)
         remaining = max(0, opts.trials - before)
+        if opts.missing_only:
+            tasks = [t for t, r in zip(tasks, summarize(db, tasks)) if r.best_s is None]
+            remaining = remaining if tasks else 0
         _write_manifest(folder, hw, target, opts, sha256_file(opts.model), before)
         if remaining > 0:
             load_target_intrinsics(target)  # before TuneContext, so it skips the full import

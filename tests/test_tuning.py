@@ -143,6 +143,26 @@ def test_spent_budget_runs_nothing_and_reports(tuned, tmp_path):
     assert "trials: 8 before + 0 this run" in flat and "whole-model estimate" in flat
 
 
+def test_missing_only_tunes_just_the_tasks_without_a_record(tuned, tmp_path):
+    model, db, _ = tuned
+    copy = _copy_db(db, tmp_path / "partial")
+    # Drop every record of workload 1: that task is "missing", the other keeps its records.
+    rec = copy / tuning.RECORD_FILE
+    lines = [ln for ln in rec.read_text().splitlines() if ln.strip()]
+    kept = [ln for ln in lines if json.loads(ln)[0] != 1]
+    assert 0 < len(kept) < len(lines)
+    rec.write_text("\n".join(kept) + "\n")
+    result = tuning.tune(tuning.TuneOptions(model=model, trials=len(kept) + 4, db=str(copy),
+                                            shapes=SHAPE, trials_per_round=4, population=32,
+                                            missing_only=True))
+    assert len(result.tasks) == 1 and result.tasks[0].best_s is not None
+    assert result.trials_run == 4 and result.build_failures == 0
+    # Now nothing is missing: a second run tunes nothing, whatever the budget.
+    again = tuning.tune(tuning.TuneOptions(model=model, trials=100, db=str(copy), shapes=SHAPE,
+                                           missing_only=True))
+    assert again.trials_run == 0 and again.tasks == []
+
+
 def test_prune_keeps_best_record_per_task(tuned, tmp_path):
     model, db, result = tuned
     copy = _copy_db(db, tmp_path / "pruned")

@@ -5,6 +5,8 @@ onnxruntime (threads = cores) and PyTorch eager, in one run on one machine.
     python tools/bench_tuning.py                      # every bundled model, 200 runs each
     python tools/bench_tuning.py --models resnet_cnn --runs 100
     python tools/bench_tuning.py --efficiency-db /tmp/full_db --efficiency-model resnet_cnn
+    python tools/bench_tuning.py --models "" --efficiency-db /tmp/r18-db \\
+        --efficiency-model /tmp/large/resnet18.onnx --efficiency-shape input=1x3x224x224
 
 Prints median and P95 latency (ms) and each median's ratio to onnxruntime. With
 --efficiency-db (an unpruned database, records in measurement order) it also compiles the
@@ -136,12 +138,30 @@ def bench_model(name: str, model: Path, runs: int, workdir: Path) -> list[dict]:
     return rows
 
 
-def efficiency(name: str, model: Path, full_db: Path, runs: int, workdir: Path) -> list[dict]:
-    """Latency after the first 10/25/50/100% of the records (in measurement order)."""
-    from tvmopt.tuning import MANIFEST_FILE, RECORD_FILE, WORKLOAD_FILE
+def _model_feeds(model: Path, shapes: dict) -> dict:
+    """Random inputs for any ONNX file at `shapes` (integer inputs small: valid token ids)."""
+    from tvmopt.frontend import import_onnx
+    from tvmopt.onnx_model import load_onnx
+    from tvmopt.runtime import random_inputs
 
+    return random_inputs(import_onnx(load_onnx(str(model)), shapes).inputs)
+
+
+def efficiency(name: str, model: Path, full_db: Path, runs: int, workdir: Path,
+               shapes: dict | None = None) -> list[dict]:
+    """Latency after the first 10/25/50/100% of the records (in measurement order).
+
+    `name` is a bundled model, or any label with `shapes` given (e.g. tools/make_large_models.py's
+    ResNet-18); the last row is onnxruntime on the same inputs, threads = cores.
+    """
+    from tvmopt.tuning import MANIFEST_FILE, RECORD_FILE, WORKLOAD_FILE
+    from tvmopt.verify import ort_session
+
+    shapes = shapes or SHAPES[name]
     records = (full_db / RECORD_FILE).read_text().splitlines()
-    feeds = _feeds(name)
+    feeds = _feeds(name) if name in SHAPES else _model_feeds(model, shapes)
+    sess = ort_session(str(model), threads=os.cpu_count() or 1)
+    ref = sess.run(None, feeds)[0]
     rows = []
     for pct in (10, 25, 50, 100):
         n = max(1, len(records) * pct // 100)
@@ -155,10 +175,13 @@ def efficiency(name: str, model: Path, full_db: Path, runs: int, workdir: Path) 
 
         res = compile_model(CompileOptions(model=str(model), target=TARGET,
                                            output=str(workdir / f"eff-{pct}.tvmopt"),
-                                           shapes=SHAPES[name], db=str(part)))
-        fn, _ = _tvm_fn(res.artifact.path, feeds)
+                                           shapes=shapes, db=str(part)), log=lambda *a: None)
+        fn, run = _tvm_fn(res.artifact.path, feeds)
+        err = float(np.max(np.abs(list(run().values())[0] - ref)))
         rows.append({"percent": pct, "trials": n, "hit_rate": res.replay.hit_rate,
-                     **_stats(_time(fn, runs))})
+                     **_stats(_time(fn, runs)), "max_abs_err_vs_ort": err})
+    rows.append({"percent": "onnxruntime", "trials": "-", "hit_rate": None,
+                 **_stats(_time(lambda: sess.run(None, feeds), runs)), "max_abs_err_vs_ort": 0.0})
     return rows
 
 
@@ -172,7 +195,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(SHAPES))
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--efficiency-db", type=Path)
-    ap.add_argument("--efficiency-model", default="resnet_cnn")
+    ap.add_argument("--efficiency-model", default="resnet_cnn",
+                    help="A bundled model, or an .onnx path (then give --efficiency-shape).")
+    ap.add_argument("--efficiency-shape", action="append", default=[], metavar="NAME=1x3x224x224")
     ap.add_argument("--json", type=Path, help="Also write the rows here.")
     args = ap.parse_args(argv)
     console = Console(width=130)
@@ -182,8 +207,13 @@ def main(argv=None) -> int:
         for name in filter(None, args.models.split(",")):
             all_rows += bench_model(name, models[name], args.runs, Path(tmp))
         if args.efficiency_db:
-            eff = efficiency(args.efficiency_model, models[args.efficiency_model],
-                             args.efficiency_db, args.runs, Path(tmp))
+            from tvmopt.onnx_model import parse_shape_spec
+
+            em = args.efficiency_model
+            path = models[em] if em in models else Path(em)
+            shapes = dict(parse_shape_spec(x) for x in args.efficiency_shape) or None
+            eff = efficiency(em if em in models else path.stem, path, args.efficiency_db,
+                             args.runs, Path(tmp), shapes)
     table = Table(title=f"batch 1, {os.cpu_count()} cores, {args.runs} runs each, TVM_NUM_THREADS="
                         f"{os.environ['TVM_NUM_THREADS']}")
     for col in ("model", "runtime", "median ms", "P95 ms", "x ORT", "max |err| vs ORT", "note"):
@@ -197,11 +227,14 @@ def main(argv=None) -> int:
     console.print(table)
     if eff:
         t2 = Table(title=f"tuning efficiency: {args.efficiency_model} from {args.efficiency_db}")
-        for col in ("% of trials", "trials", "hit rate", "median ms", "P95 ms"):
+        ort = eff[-1]["median_ms"]
+        for col in ("% of trials", "trials", "hit rate", "median ms", "P95 ms", "x ORT", "max |err|"):
             t2.add_column(col, justify="right")
         for r in eff:
-            t2.add_row(str(r["percent"]), str(r["trials"]), f"{r['hit_rate']:.0%}",
-                       f"{r['median_ms']:.3f}", f"{r['p95_ms']:.3f}")
+            t2.add_row(str(r["percent"]), str(r["trials"]),
+                       "-" if r["hit_rate"] is None else f"{r['hit_rate']:.0%}",
+                       f"{r['median_ms']:.3f}", f"{r['p95_ms']:.3f}", f"{r['median_ms'] / ort:.2f}",
+                       f"{r['max_abs_err_vs_ort']:.1e}")
         console.print(t2)
     if args.json:
         args.json.write_text(json.dumps({"rows": all_rows, "efficiency": eff}, indent=2))
