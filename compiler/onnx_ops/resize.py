@@ -468,3 +468,27 @@ def _run_time_resize(bb, x, roi, scales, sizes, attr, text):
         y = bb.normalize(relax.op.permute_dims(yl, [perm.index(i) for i in range(rank)])
                          if a != rank - 1 else yl)
     return y
+
+
+@register("Upsample")
+class Upsample:
+    """Upsample (deprecated since opset 10) is Resize with asymmetric coordinates and floor
+    rounding for nearest; scales are an attribute (opset 7) or an input (opset 9)."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        def convert(bb, inputs, attr, params):
+            import numpy as np
+            from tvm import relax
+
+            if opset < 9:
+                scales = relax.const(np.array(attr["scales"], dtype="float32"))
+            else:
+                scales = inputs[1]
+            mode = attr.get("mode", b"nearest")
+            mode = mode.decode() if isinstance(mode, bytes) else mode
+            return Resize._convert(bb, [inputs[0], None, scales, None], {
+                "mode": mode, "coordinate_transformation_mode": "asymmetric",
+                "nearest_mode": "floor"}, params)
+
+        return convert
