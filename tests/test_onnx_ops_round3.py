@@ -160,7 +160,6 @@ def test_window_with_run_time_size_builds(op):
     ({"mode": "linear"}, [1.0, 1.0, 0.6, 1.7]),
     ({"mode": "cubic", "antialias": 1}, [1.0, 1.0, 0.5, 0.75]),
     ({"mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5}, [1.0, 1.0, 1.5, 2.0]),
-    ({"mode": "linear", "coordinate_transformation_mode": "align_corners"}, [1, 2, 0.5, 3]),
     ({"mode": "nearest", "nearest_mode": "round_prefer_ceil",
       "coordinate_transformation_mode": "asymmetric"}, [1.0, 1.0, 2.5, 0.5]),
 ])
