@@ -6,7 +6,11 @@ which accumulates matmuls in float32 and rounds once. The reference Softmax is n
 input type: `x - max` and `exp` round to the type, the row sum accumulates in float32 for
 float16 (numpy's pairwise sum) but in bfloat16 for bfloat16 (ml_dtypes adds sequentially),
 and the division rounds to the type. The helpers below follow exactly that, so Attention and
-the graphs exporters write for it (MatMul -> Softmax -> MatMul) match to the last ulp or so.
+the graphs exporters write for it (MatMul -> Softmax -> MatMul) match float16 to within an ulp.
+bfloat16 can still differ by an ulp where a mask is added: TVM legalizes bfloat16 arithmetic
+inside a fused kernel in float32 and rounds only at stores (even an explicit
+astype(bfloat16) -> astype(float32) round trip is folded away), so intermediates keep bits the
+reference rounds off.
 """
 
 from __future__ import annotations
