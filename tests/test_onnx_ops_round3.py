@@ -285,3 +285,15 @@ def test_eyelike_dtype_attribute():
     feeds = {"x": np.zeros((3, 4), dtype=np.int32)}
     node = helper.make_node("EyeLike", ["x"], ["y"], dtype=TensorProto.DOUBLE, k=1)
     _check(_model(node, feeds, ["y"], opset=9), feeds)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]},
+    {"kernel_shape": [2, 2], "strides": [2, 2], "storage_order": 1, "ceil_mode": 1},
+])
+def test_maxpool_indices_output(attrs):
+    x = np.random.default_rng(9).standard_normal((1, 2, 5, 5)).astype(np.float32)
+    x[0, 0, 0, :2] = 7.0  # a tie: the first in window order wins
+    feeds = {"x": x}
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], **attrs)
+    _check(_model(node, feeds, ["y", "i"], opset=12), feeds)
