@@ -78,10 +78,13 @@ def _fast_math(target, cfg):
 def _fuse_legalize(target, cfg):
     from tvm import relax
 
+    from .symbolic_order import OrderSymbolicDefs
+
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if cfg.weight_prepack else []
+    # OrderSymbolicDefs: FuseOps may emit a group before the match_cast defining its dims.
     return [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
-            *prepack]
+            relax.transform.FoldConstant(), relax.transform.FuseOps(), OrderSymbolicDefs(),
+            relax.transform.FuseTIR(), *prepack]
 
 
 def _apply_database(target, cfg):

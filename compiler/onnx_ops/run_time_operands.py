@@ -175,11 +175,34 @@ def _make_reduce(op_type: str):
                 as_bool = op_type in ("ReduceMax", "ReduceMin") and str(x.ty.dtype) == "bool"
                 if as_bool:  # TVM has no min/max identity for bool: reduce it as int8
                     inputs = [bb.normalize(relax.op.astype(x, "int8"))] + list(inputs)[1:]
-                if len(inputs) > 1 and is_run_time(inputs[1], params):
-                    out = _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params,
-                                                as_bool)
-                else:
-                    out = base(bb, inputs, attr, params)
+                def reduce(ins, as_bool):
+                    if len(ins) > 1 and is_run_time(ins[1], params):
+                        return _reduce_run_time_axes(bb, op_type, opset, ins, attr, params,
+                                                     as_bool)
+                    return base(bb, ins, attr, params)
+
+                out = reduce(inputs, as_bool)
+                dtype = str(x.ty.dtype)
+                if op_type in ("ReduceMax", "ReduceMin") and dtype.startswith(("float", "bfloat")):
+                    # TVM's max/min start from the lowest/highest *finite* value, so a slice of
+                    # only -inf (max) or +inf (min) came out finite; the spec's result is the
+                    # infinity (the fully-masked-row checks of attention graphs rely on it).
+                    import numpy as np
+
+                    inf = relax.const(np.array(-np.inf if op_type == "ReduceMax" else np.inf,
+                                               dtype=dtype), dtype)
+                    # all-infinite = not any(x != -inf) for max, all(x == +inf) for min (the
+                    # same reduction over int8 flags, whose empty-set identity also fits)
+                    is_max = op_type == "ReduceMax"
+                    cmp = relax.op.not_equal if is_max else relax.op.equal
+                    flags = bb.normalize(relax.op.astype(cmp(x, inf), "int8"))
+                    hit = relax.op.astype(bb.normalize(reduce([flags] + list(inputs)[1:], True)),
+                                          "bool")
+                    out = bb.normalize(out)
+                    # run-time axes bind fresh dims per reduction: tie hit's to out's
+                    hit = bb.match_cast(bb.normalize(hit), relax.TensorType(out.ty.shape, "bool"))
+                    out = relax.op.where(hit, out, inf) if is_max else \
+                        relax.op.where(hit, inf, out)
                 return relax.op.astype(bb.normalize(out), "bool") if as_bool else out
 
             return convert

@@ -1,0 +1,27 @@
+"""Tensors generated from another tensor's shape: EyeLike."""
+
+from __future__ import annotations
+
+from . import register
+
+
+@register("EyeLike")
+class EyeLike:
+    """The `dtype` attribute sets the output type (TVM's refused any dtype but the input's)."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        def convert(bb, inputs, attr, params):
+            from onnx import helper
+            from tvm import relax
+
+            x = inputs[0]
+            dtype = str(x.ty.dtype)
+            if "dtype" in attr:
+                dtype = str(helper.tensor_dtype_to_np_dtype(attr["dtype"]))
+            if x.ty.ndim != 2:
+                raise ValueError(f"EyeLike takes a 2-D input, got rank {x.ty.ndim}")
+            n, m = x.ty.shape.values
+            return relax.op.eye(n, m, int(attr.get("k", 0)), dtype)
+
+        return convert

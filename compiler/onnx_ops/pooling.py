@@ -1,0 +1,88 @@
+"""MaxPool's second output, Indices (TVM's converter returned only the values).
+
+The argmax is found the way the reference scans a window: each kernel offset is a strided
+slice of the padded input, stacked in row-major window order, and argmax over them keeps the
+first of equal maxima. (Padding holds the lowest finite value, so a window of only -inf would
+pick padding where the reference picks its first element.) Indices are flat positions in the unpadded
+input, row-major (storage_order=0) or with the two spatial dims swapped (storage_order=1).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from . import register
+
+
+def _tvm_converter(op_type: str):
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    return onnx_frontend._get_convert_map()[op_type]
+
+
+def _flat_indices(shape, storage_order: int):
+    import numpy as np
+
+    if storage_order == 0:
+        return np.arange(int(np.prod(shape)), dtype="int64").reshape(shape)
+    if len(shape) != 4:
+        raise ValueError("MaxPool storage_order=1 is defined for 2-D pooling only")
+    n, c, h, w = shape
+    hh, ww = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    plane = (np.arange(n * c) * h * w).reshape(n, c, 1, 1)
+    return (plane + hh + ww * h).astype("int64")
+
+
+@register("MaxPool")
+class MaxPool:
+    @classmethod
+    def get_converter(cls, opset):
+        base = _tvm_converter("MaxPool").get_converter(opset)
+
+        def convert(bb, inputs, attr, params):
+            import numpy as np
+            from tvm import relax
+
+            n_out = attr.get("tvm_custom", {}).get("num_outputs", 1)
+            values = bb.normalize(base(bb, inputs, attr, params))
+            if n_out < 2:
+                return values
+            x = inputs[0]
+            auto_pad = attr.get("auto_pad", b"NOTSET")
+            auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+            if auto_pad not in ("NOTSET", "VALID"):
+                raise ValueError(f"MaxPool Indices with auto_pad={auto_pad} is not supported; "
+                                 "give explicit pads")
+            shape = [int(d) for d in x.ty.shape.values]
+            out_shape = [int(d) for d in values.ty.shape.values]
+            r = len(shape) - 2
+            kernel = list(attr["kernel_shape"])
+            strides = list(attr.get("strides", [1] * r))
+            dil = list(attr.get("dilations", [1] * r))
+            pads = list(attr.get("pads", [0] * (2 * r))) if auto_pad == "NOTSET" else [0] * (2 * r)
+            width = []
+            for i in range(r):  # ceil_mode windows may run past the end padding
+                need = (out_shape[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1
+                width.append((pads[i], max(pads[r + i], need - shape[2 + i] - pads[i])))
+            dtype = str(x.ty.dtype)
+            low = np.finfo(dtype).min if "float" in dtype else np.iinfo(dtype).min
+            flat_pad = [0, 0, 0, 0] + [p for pair in width for p in pair]
+            xp = bb.normalize(relax.op.nn.pad(x, flat_pad, pad_value=float(low)))
+            idx = np.pad(_flat_indices(shape, int(attr.get("storage_order", 0))),
+                         [(0, 0), (0, 0)] + width, constant_values=-1)
+            idxp = relax.const(idx, "int64")
+            axes = list(range(2, 2 + r))
+            vs, ids = [], []
+            for off in itertools.product(*[range(k) for k in kernel]):
+                begin = [o * d for o, d in zip(off, dil)]
+                end = [b + (out_shape[2 + i] - 1) * strides[i] + 1 for i, b in enumerate(begin)]
+                vs.append(relax.op.strided_slice(xp, axes, begin, end, strides))
+                ids.append(relax.op.strided_slice(idxp, axes, begin, end, strides))
+            # argmax over the stacked offsets returns the first maximum: the reference's order
+            pick = bb.normalize(relax.op.argmax(relax.op.stack(vs, axis=0), axis=0,
+                                                keepdims=True))
+            best_i = bb.normalize(relax.op.squeeze(relax.op.gather_elements(
+                relax.op.stack(ids, axis=0), relax.op.astype(pick, "int64"), axis=0), [0]))
+            return relax.Tuple([values, best_i])
+
+        return convert
