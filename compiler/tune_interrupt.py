@@ -149,18 +149,29 @@ class CtrlC:
         """
         if not self.requested or self._joining:
             return
-        sched = self.scheduler
-        if sched is not None:
-            self._joining = True  # the joins below run our measure callback again
-            try:
-                for i, task in enumerate(sched.tasks_):
-                    if (i != current_task and not task.is_terminated
-                            and task.runner_futures is not None):
-                        sched.join_running_task(i)
-            finally:
-                self._joining = False
+        self.commit_measured(current_task)
         self.stopped = True
         raise StopTuning()
+
+    def commit_measured(self, current_task: int | None = None) -> None:
+        """Join every other task's measured batch, so its records reach the database now.
+
+        MetaSchedule's task scheduler commits a batch (database, cost model) only when it next
+        picks that task, which with tens of tasks can be the end of the run: a kill -9 would
+        lose nearly everything measured. Joining them before each new build writes each batch
+        one build later at most.
+        """
+        sched = self.scheduler
+        if sched is None or self._joining:
+            return
+        self._joining = True  # the joins below run our measure callback again
+        try:
+            for i, task in enumerate(sched.tasks_):
+                if (i != current_task and not task.is_terminated
+                        and task.runner_futures is not None):
+                    sched.join_running_task(i)
+        finally:
+            self._joining = False
 
     def measure_callback(self):
         """A MeasureCallback (put it last) that stops after a batch's records are committed."""
@@ -188,6 +199,7 @@ class CtrlC:
         class _StopBeforeBuild(ms.builder.PyBuilder):
             def build(self, build_inputs):
                 ctrl_c.checkpoint()
+                ctrl_c.commit_measured()
                 return inner.build(build_inputs)
 
         return _StopBeforeBuild()

@@ -128,3 +128,47 @@ def test_inert_when_sigint_is_ignored():
         assert not ctrl_c.requested
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+class _FakeTask:
+    def __init__(self, pending, terminated=False):
+        self.runner_futures = object() if pending else None
+        self.is_terminated = terminated
+
+
+class _FakeScheduler:
+    """MetaSchedule's task scheduler as commit_measured sees it: tasks_ and join_running_task."""
+
+    def __init__(self, tasks, on_join=None):
+        self.tasks_ = tasks
+        self.joined = []
+        self.on_join = on_join
+
+    def join_running_task(self, i):
+        self.joined.append(i)
+        self.tasks_[i].runner_futures = None
+        if self.on_join:
+            self.on_join(i)
+
+
+def test_measured_batches_are_committed_before_the_next_build():
+    # A kill -9 must not lose batches the scheduler has not come back to yet.
+    ctrl_c = CtrlC()
+    sched = _FakeScheduler([_FakeTask(True), _FakeTask(False), _FakeTask(True, terminated=True),
+                            _FakeTask(True)])
+    ctrl_c.scheduler = sched
+    ctrl_c.commit_measured(current_task=3)
+    assert sched.joined == [0]  # not idle, not terminated, not the task being committed
+    ctrl_c.commit_measured()
+    assert sched.joined == [0, 3]
+    ctrl_c.commit_measured()
+    assert sched.joined == [0, 3]  # nothing pending: nothing joined twice
+
+
+def test_commit_measured_is_not_reentered_from_measure_callbacks():
+    ctrl_c = CtrlC()
+    sched = _FakeScheduler([_FakeTask(True), _FakeTask(True)],
+                           on_join=lambda i: ctrl_c.commit_measured())
+    ctrl_c.scheduler = sched
+    ctrl_c.commit_measured()
+    assert sched.joined == [0, 1]
