@@ -207,9 +207,17 @@ class Expand:
         def convert(bb, inputs, attr, params):
             from tvm import relax, tirx
 
+            from .run_time_operands import _static_len, is_run_time, shape_vars
+
             data, shape = inputs[0], inputs[1]
             target = static_dims(shape)
             ty = getattr(data, "ty", None)
+            if target is None and isinstance(ty, relax.TensorType) \
+                    and isinstance(ty.shape, relax.ShapeExpr) and is_run_time(shape, params):
+                # TVM broadcasts to the run-time values as they are, so a 1 that should keep the
+                # input's dim (shape [2, 1, 6] on a (3, 1) input) shrank it: bind the values to
+                # symbolic dims and apply the broadcast rules to them.
+                target = shape_vars(bb, shape, _static_len(shape, "shape"), "expand_")
             if target is None or not isinstance(ty, relax.TensorType) \
                     or not isinstance(ty.shape, relax.ShapeExpr):
                 return _tvm_converter("Expand").get_converter(opset)(bb, inputs, attr, params)
