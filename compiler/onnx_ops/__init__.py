@@ -36,6 +36,14 @@ def _load_all() -> None:
     _loaded = True
 
 
+def tvm_converter(op_type: str, opset: int):
+    """TVM's own converter function for `op_type` at `opset`: what tvmopt's converters fall back
+    to (or wrap) for the cases they leave alone."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    return onnx_frontend._get_convert_map()[op_type].get_converter(opset)
+
+
 def converter_map() -> dict[str, type]:
     """TVM's converter map with tvmopt's converters on top."""
     from tvm.relax.frontend.onnx import onnx_frontend

@@ -9,13 +9,8 @@ running_var (momentum-blended).
 
 from __future__ import annotations
 
-from . import register
+from . import register, tvm_converter
 
-
-def _tvm_converter(op_type: str):
-    from tvm.relax.frontend.onnx import onnx_frontend
-
-    return onnx_frontend._get_convert_map()[op_type]
 
 
 @register("BatchNormalization")
@@ -24,7 +19,7 @@ class BatchNormalization:
     def get_converter(cls, opset):
         def convert(bb, inputs, attr, params):
             if opset < 14 or not attr.get("training_mode", 0):
-                return _tvm_converter("BatchNormalization").get_converter(opset)(
+                return tvm_converter("BatchNormalization", opset)(
                     bb, inputs, attr, params)
             return cls._training(bb, inputs, attr)
 
@@ -76,6 +71,6 @@ class RoiAlign:
                 # take the max of the bilinear-weighted corner values: different numbers.
                 raise ValueError(f"RoiAlign mode '{mode}' is not supported (only 'avg'): TVM's "
                                  "max pooling differs from ONNX's definition")
-            return _tvm_converter("RoiAlign").get_converter(opset)(bb, inputs, attr, params)
+            return tvm_converter("RoiAlign", opset)(bb, inputs, attr, params)
 
         return convert

@@ -9,13 +9,8 @@ table decode, threshold encode, as onnx.reference computes it); every other cast
 
 from __future__ import annotations
 
-from . import register
+from . import register, tvm_converter
 
-
-def _tvm_converter(op_type: str):
-    from tvm.relax.frontend.onnx import onnx_frontend
-
-    return onnx_frontend._get_convert_map()[op_type]
 
 
 def _dtype_name(value) -> str | None:
@@ -92,7 +87,7 @@ class Cast:
             except Exception:  # noqa: BLE001 - leave unknown codes to TVM's converter
                 dst = None
             _check(_dtype_name(inputs[0]), dst)
-            return _tvm_converter("Cast").get_converter(opset)(bb, inputs, attr, params)
+            return tvm_converter("Cast", opset)(bb, inputs, attr, params)
 
         return convert
 
@@ -112,6 +107,6 @@ class CastLike:
                 if out is not None:
                     return out
             _check(_dtype_name(inputs[0]), _dtype_name(inputs[1]))
-            return _tvm_converter("CastLike").get_converter(opset)(bb, inputs, attr, params)
+            return tvm_converter("CastLike", opset)(bb, inputs, attr, params)
 
         return convert

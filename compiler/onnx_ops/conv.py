@@ -5,13 +5,8 @@ TVM's converter ignores output_shape, giving a differently sized output without 
 
 from __future__ import annotations
 
-from . import register
+from . import register, tvm_converter
 
-
-def _tvm_converter(op_type: str):
-    from tvm.relax.frontend.onnx import onnx_frontend
-
-    return onnx_frontend._get_convert_map()[op_type]
 
 
 @register("ConvTranspose")
@@ -53,6 +48,6 @@ class ConvTranspose:
                         end.append(total // 2)
                 attr["pads"] = begin + end
                 attr["output_padding"] = out_pad
-            return _tvm_converter("ConvTranspose").get_converter(opset)(bb, inputs, attr, params)
+            return tvm_converter("ConvTranspose", opset)(bb, inputs, attr, params)
 
         return convert

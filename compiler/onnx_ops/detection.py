@@ -6,13 +6,8 @@ they are constants and otherwise substitutes defaults (max 0 boxes: an empty res
 
 from __future__ import annotations
 
-from . import register
+from . import register, tvm_converter
 
-
-def _tvm_converter(op_type: str):
-    from tvm.relax.frontend.onnx import onnx_frontend
-
-    return onnx_frontend._get_convert_map()[op_type]
 
 
 @register("NonMaxSuppression")
@@ -31,7 +26,7 @@ class NonMaxSuppression:
                     continue
                 raise ValueError(f"NonMaxSuppression needs a constant {name}; it is computed "
                                  "at run time here")
-            return _tvm_converter("NonMaxSuppression").get_converter(opset)(bb, inputs, attr,
+            return tvm_converter("NonMaxSuppression", opset)(bb, inputs, attr,
                                                                             params)
 
         return convert

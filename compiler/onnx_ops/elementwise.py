@@ -3,13 +3,8 @@ types), Celu, Elu, IsInf, Mod, BitShift, Softplus, Mish."""
 
 from __future__ import annotations
 
-from . import register
+from . import register, tvm_converter
 
-
-def _tvm_converter(op_type: str):
-    from tvm.relax.frontend.onnx import onnx_frontend
-
-    return onnx_frontend._get_convert_map()[op_type]
 
 
 @register("Pow")
@@ -22,7 +17,7 @@ class Pow:
             x, y = inputs[0], inputs[1]
             xt, yt = getattr(x, "ty", None), getattr(y, "ty", None)
             if not (isinstance(xt, relax.TensorType) and isinstance(yt, relax.TensorType)):
-                return _tvm_converter("Pow").get_converter(opset)(bb, inputs, attr, params)
+                return tvm_converter("Pow", opset)(bb, inputs, attr, params)
             xd, yd = str(xt.dtype), str(yt.dtype)
             if xd == yd and "float" in xd:
                 return relax.op.power(x, y)
@@ -99,7 +94,7 @@ class Mod:
 
     @classmethod
     def get_converter(cls, opset):
-        base = _tvm_converter("Mod").get_converter(opset)
+        base = tvm_converter("Mod", opset)
 
         def convert(bb, inputs, attr, params):
             from tvm import relax

@@ -15,7 +15,7 @@ reference rounds off.
 
 from __future__ import annotations
 
-from . import register
+from . import register, tvm_converter
 
 LOW = ("float16", "bfloat16")
 
@@ -69,9 +69,7 @@ class Softmax:
 
     @classmethod
     def get_converter(cls, opset):
-        from tvm.relax.frontend.onnx import onnx_frontend
-
-        base = onnx_frontend._get_convert_map()["Softmax"].get_converter(opset)
+        base = tvm_converter("Softmax", opset)
         if opset < 13:  # the flatten-to-2-D semantics of Softmax-1/11 stay with TVM's converter
             return base
 

@@ -11,13 +11,8 @@ from __future__ import annotations
 
 import itertools
 
-from . import register
+from . import register, tvm_converter
 
-
-def _tvm_converter(op_type: str):
-    from tvm.relax.frontend.onnx import onnx_frontend
-
-    return onnx_frontend._get_convert_map()[op_type]
 
 
 def _flat_indices(shape, storage_order: int):
@@ -37,7 +32,7 @@ def _flat_indices(shape, storage_order: int):
 class MaxPool:
     @classmethod
     def get_converter(cls, opset):
-        base = _tvm_converter("MaxPool").get_converter(opset)
+        base = tvm_converter("MaxPool", opset)
 
         def convert(bb, inputs, attr, params):
             import numpy as np

@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import register
+from . import register, tvm_converter
 
-
-def _tvm_converter(op_type: str):
-    from tvm.relax.frontend.onnx import onnx_frontend
-
-    return onnx_frontend._get_convert_map()[op_type]
 
 
 def _input(inputs, i):
@@ -82,7 +77,7 @@ def _multiplier(bb, x_scale, w_scale, y_scale):
 def _conv_int32(bb, x, w, attr, opset):
     """Integer convolution through TVM's Conv converter (padding, auto_pad, 1-3 spatial dims)."""
     x, w = bb.normalize(x), bb.normalize(w)  # TVM's converter reads their shapes
-    return _tvm_converter("Conv").get_converter(max(opset, 11))(bb, [x, w, None], dict(attr), None)
+    return tvm_converter("Conv", max(opset, 11))(bb, [x, w, None], dict(attr), None)
 
 
 @register("QLinearMatMul")
@@ -273,7 +268,7 @@ class QuantizeLinear:
             types = onnx_types(attr, inputs, "QuantizeLinear")
             if types is not None and _narrow_or_blocked(types, attr):
                 return _quantize(bb, inputs, attr, types)
-            return _tvm_converter("QuantizeLinear").get_converter(opset)(bb, inputs, attr, params)
+            return tvm_converter("QuantizeLinear", opset)(bb, inputs, attr, params)
 
         return convert
 
@@ -288,7 +283,7 @@ class DequantizeLinear:
             types = onnx_types(attr, inputs, "DequantizeLinear")
             if types is not None and _narrow_or_blocked(types, attr):
                 return _dequantize(bb, inputs, attr, types)
-            return _tvm_converter("DequantizeLinear").get_converter(opset)(bb, inputs, attr,
+            return tvm_converter("DequantizeLinear", opset)(bb, inputs, attr,
                                                                            params)
 
         return convert

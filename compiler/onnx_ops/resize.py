@@ -12,7 +12,7 @@ other than 3-5 and `axes`; this one follows the reference by construction.
 
 from __future__ import annotations
 
-from . import register
+from . import register, tvm_converter
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
@@ -175,9 +175,7 @@ class Resize:
     @classmethod
     def get_converter(cls, opset):
         if opset < 11:  # Resize-10 takes (X, scales) with other semantics: left to TVM's map
-            from tvm.relax.frontend.onnx import onnx_frontend
-
-            return onnx_frontend._get_convert_map()["Resize"].get_converter(opset)
+            return tvm_converter("Resize", opset)
         return cls._convert
 
     @staticmethod

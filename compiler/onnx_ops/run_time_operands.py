@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 
-from . import register
+from . import register, tvm_converter
 
 _REDUCE_OPS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
                "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
@@ -20,13 +20,11 @@ _fresh = itertools.count()
 
 def _base_converter(op_type: str, opset: int):
     """The converter this module wraps: tvmopt's own where it has one, else TVM's."""
-    from tvm.relax.frontend.onnx import onnx_frontend
-
     from . import reduce
 
-    own = {"ReduceLogSumExp": reduce.ReduceLogSumExp}
-    cls = own.get(op_type) or onnx_frontend._get_convert_map()[op_type]
-    return cls.get_converter(opset)
+    if op_type == "ReduceLogSumExp":
+        return reduce.ReduceLogSumExp.get_converter(opset)
+    return tvm_converter(op_type, opset)
 
 
 def is_run_time(value, params) -> bool:
@@ -257,9 +255,7 @@ class Slice:
 
     @classmethod
     def get_converter(cls, opset):
-        from tvm.relax.frontend.onnx import onnx_frontend
-
-        base = onnx_frontend._get_convert_map()["Slice"].get_converter(opset)
+        base = tvm_converter("Slice", opset)
 
         def convert(bb, inputs, attr, params):
             if opset < 10 or not any(is_run_time(v, params) for v in list(inputs)[1:5]):
@@ -320,9 +316,7 @@ class Unsqueeze:
 
     @classmethod
     def get_converter(cls, opset):
-        from tvm.relax.frontend.onnx import onnx_frontend
-
-        base = onnx_frontend._get_convert_map()["Unsqueeze"].get_converter(opset)
+        base = tvm_converter("Unsqueeze", opset)
 
         def convert(bb, inputs, attr, params):
             if opset < 13 or len(inputs) < 2 or not is_run_time(inputs[1], params):
@@ -361,9 +355,7 @@ class Pad:
 
     @classmethod
     def get_converter(cls, opset):
-        from tvm.relax.frontend.onnx import onnx_frontend
-
-        base = onnx_frontend._get_convert_map()["Pad"].get_converter(opset)
+        base = tvm_converter("Pad", opset)
 
         def convert(bb, inputs, attr, params):
             if opset < 11 or not any(is_run_time(v, params) for v in list(inputs)[1:4]):
@@ -433,9 +425,7 @@ class Split:
 
     @classmethod
     def get_converter(cls, opset):
-        from tvm.relax.frontend.onnx import onnx_frontend
-
-        base = onnx_frontend._get_convert_map()["Split"].get_converter(opset)
+        base = tvm_converter("Split", opset)
 
         def convert(bb, inputs, attr, params):
             if opset < 13 or len(inputs) < 2 or not is_run_time(inputs[1], params):
@@ -528,10 +518,8 @@ class TopK:
 
     @classmethod
     def get_converter(cls, opset):
-        from tvm.relax.frontend.onnx import onnx_frontend
-
         if opset < 10:
-            return onnx_frontend._get_convert_map()["TopK"].get_converter(opset)
+            return tvm_converter("TopK", opset)
         return cls._convert
 
     @staticmethod
@@ -574,9 +562,7 @@ class OneHot:
 
     @classmethod
     def get_converter(cls, opset):
-        from tvm.relax.frontend.onnx import onnx_frontend
-
-        base = onnx_frontend._get_convert_map()["OneHot"].get_converter(opset)
+        base = tvm_converter("OneHot", opset)
 
         def convert(bb, inputs, attr, params):
             if not is_run_time(inputs[1], params):

@@ -11,13 +11,8 @@ for everything else.
 
 from __future__ import annotations
 
-from . import register
+from . import register, tvm_converter
 
-
-def _tvm_converter(op_type: str):
-    from tvm.relax.frontend.onnx import onnx_frontend
-
-    return onnx_frontend._get_convert_map()[op_type]
 
 
 def prim_of(value):
@@ -93,7 +88,7 @@ class Range:
         symbolic = any(prim_of(x) is not None for x in inputs[:3])
         if not symbolic or any(x is None for x in (start, limit, delta)) or not step or dtype is None \
                 or "int" not in dtype:
-            return _tvm_converter("Range").get_converter(opset)(bb, inputs, attr, params)
+            return tvm_converter("Range", opset)(bb, inputs, attr, params)
         analyzer = Analyzer()
         if step > 0:
             count = tirx.floordiv(limit - start + (step - 1), step)
@@ -147,7 +142,7 @@ class Reshape:
             if target is None and not isinstance(inputs[1], relax.ShapeExpr) and \
                     isinstance(target_ty, relax.TensorType):
                 return _runtime_reshape(bb, data, inputs[1], attr.get("allowzero", 0))
-            return _tvm_converter("Reshape").get_converter(opset)(
+            return tvm_converter("Reshape", opset)(
                 bb, [data, *inputs[1:]], attr, params)
 
         return convert
@@ -169,7 +164,7 @@ class Gather:
             indices = inputs[1]
             if prim_of(indices) is not None:
                 indices = as_shape_tensor(bb, indices)
-            return _tvm_converter("Gather").get_converter(opset)(
+            return tvm_converter("Gather", opset)(
                 bb, [data, indices, *inputs[2:]], attr, params)
 
         return convert
@@ -220,7 +215,7 @@ class Expand:
                 target = shape_vars(bb, shape, _static_len(shape, "shape"), "expand_")
             if target is None or not isinstance(ty, relax.TensorType) \
                     or not isinstance(ty.shape, relax.ShapeExpr):
-                return _tvm_converter("Expand").get_converter(opset)(bb, inputs, attr, params)
+                return tvm_converter("Expand", opset)(bb, inputs, attr, params)
             dims = list(ty.shape.values)
             rank = max(len(dims), len(target))
             one = tirx.IntImm("int64", 1)
