@@ -1,25 +1,43 @@
 """tvmopt's ONNX op converters, layered over TVM's Relax ONNX frontend.
 
-Each module here registers converters (subclasses of TVM's `OnnxOpConverter`) with `@register`;
-an entry replaces TVM's converter of the same op type, or adds a missing one. `converter_map()`
-is TVM's map with ours on top: the importer in `tvmopt.frontend` uses it for every node.
+Each module here registers converters (functions, or classes shaped like TVM's
+`OnnxOpConverter`) with `@register`; an entry replaces TVM's converter of the same op type, or
+adds a missing one. `converter_map()` is TVM's map with ours on top: the importer in
+`tvmopt.frontend` uses it for every node.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 
 _REGISTRY: dict[str, type] = {}
 
 
-def register(*op_types: str):
-    """Class decorator: use this converter for the given ONNX op types."""
+class _FunctionConverter:
+    """A plain `convert(bb, inputs, attr, params, opset)` behind TVM's `get_converter(opset)`."""
 
-    def wrap(cls):
+    def __init__(self, fn):
+        self.fn = fn
+
+    def get_converter(self, opset):
+        return functools.partial(self.fn, opset=opset)
+
+
+def register(*op_types: str):
+    """Decorator: use this converter for the given ONNX op types.
+
+    It takes a converter class as TVM writes them (`get_converter(opset)` returning
+    `convert(bb, inputs, attr, params)`), or a plain function `convert(bb, inputs, attr, params,
+    opset)`, which is returned unchanged.
+    """
+
+    def wrap(obj):
+        entry = obj if isinstance(obj, type) else _FunctionConverter(obj)
         for op in op_types:
-            _REGISTRY[op] = cls
-        return cls
+            _REGISTRY[op] = entry
+        return obj
 
     return wrap
 
@@ -44,7 +62,7 @@ def tvm_converter(op_type: str, opset: int):
     return onnx_frontend._get_convert_map()[op_type].get_converter(opset)
 
 
-def converter_map() -> dict[str, type]:
+def converter_map() -> dict[str, object]:
     """TVM's converter map with tvmopt's converters on top."""
     from tvm.relax.frontend.onnx import onnx_frontend
 
@@ -54,7 +72,7 @@ def converter_map() -> dict[str, type]:
     return merged
 
 
-def tvmopt_converters() -> dict[str, type]:
+def tvmopt_converters() -> dict[str, object]:
     """Only the converters tvmopt adds or replaces."""
     _load_all()
     return dict(_REGISTRY)

@@ -20,27 +20,21 @@ def _const_scalar(value):
 
 
 @register("Dropout")
-class Dropout:
-    @classmethod
-    def get_converter(cls, opset):
-        return cls._convert
+def dropout(bb, inputs, attr, params, opset):
+    from tvm import relax
 
-    @staticmethod
-    def _convert(bb, inputs, attr, params):
-        from tvm import relax
-
-        data = inputs[0]
-        ratio = _const_scalar(inputs[1]) if len(inputs) > 1 else attr.get("ratio", 0.5)
-        training = _const_scalar(inputs[2]) if len(inputs) > 2 else None
-        if training == "dynamic":
-            raise ValueError("Dropout with a run-time training_mode input is not supported "
-                             "(tvmopt compiles inference graphs)")
-        if training and ratio not in (0, 0.0):
-            raise ValueError("Dropout in training mode is random and not supported; export the "
-                             "model in eval mode")
-        n_out = attr.get("tvm_custom", {}).get("num_outputs", 1)
-        if n_out == 1:
-            return data
-        mask = relax.op.ones_like(data, "bool")
-        return relax.Tuple([data, bb.normalize(mask)])
+    data = inputs[0]
+    ratio = _const_scalar(inputs[1]) if len(inputs) > 1 else attr.get("ratio", 0.5)
+    training = _const_scalar(inputs[2]) if len(inputs) > 2 else None
+    if training == "dynamic":
+        raise ValueError("Dropout with a run-time training_mode input is not supported "
+                         "(tvmopt compiles inference graphs)")
+    if training and ratio not in (0, 0.0):
+        raise ValueError("Dropout in training mode is random and not supported; export the "
+                         "model in eval mode")
+    n_out = attr.get("tvm_custom", {}).get("num_outputs", 1)
+    if n_out == 1:
+        return data
+    mask = relax.op.ones_like(data, "bool")
+    return relax.Tuple([data, bb.normalize(mask)])
 

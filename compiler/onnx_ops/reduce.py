@@ -26,30 +26,23 @@ def _scan(bb, inputs, attr, op_name: str):
 
 
 @register("LpNormalization")
-class LpNormalization:
+def lp_normalization(bb, inputs, attr, params, opset):
     """x / ||x||_p along `axis` (p = 1 or 2); a zero norm gives 0."""
+    from tvm import relax
 
-    @classmethod
-    def get_converter(cls, opset):
-        return cls._convert
-
-    @staticmethod
-    def _convert(bb, inputs, attr, params):
-        from tvm import relax
-
-        x = inputs[0]
-        axis, p = int(attr.get("axis", -1)), int(attr.get("p", 2))
-        dtype = str(x.ty.dtype)
-        if p == 1:
-            norm = relax.op.sum(relax.op.abs(x), [axis], keepdims=True)
-        elif p == 2:
-            norm = relax.op.sqrt(relax.op.sum(relax.op.multiply(x, x), [axis], keepdims=True))
-        else:
-            raise ValueError(f"LpNormalization p={p}: only p=1 and p=2 are defined")
-        norm = bb.normalize(norm)
-        zero = relax.const(0, dtype)
-        return relax.op.where(relax.op.equal(norm, zero), relax.op.zeros_like(x),
-                              relax.op.divide(x, norm))
+    x = inputs[0]
+    axis, p = int(attr.get("axis", -1)), int(attr.get("p", 2))
+    dtype = str(x.ty.dtype)
+    if p == 1:
+        norm = relax.op.sum(relax.op.abs(x), [axis], keepdims=True)
+    elif p == 2:
+        norm = relax.op.sqrt(relax.op.sum(relax.op.multiply(x, x), [axis], keepdims=True))
+    else:
+        raise ValueError(f"LpNormalization p={p}: only p=1 and p=2 are defined")
+    norm = bb.normalize(norm)
+    zero = relax.const(0, dtype)
+    return relax.op.where(relax.op.equal(norm, zero), relax.op.zeros_like(x),
+                          relax.op.divide(x, norm))
 
 
 def _reduce_axes(inputs, attr, rank: int):
@@ -69,28 +62,21 @@ def _reduce_axes(inputs, attr, rank: int):
 
 
 @register("ReduceLogSumExp")
-class ReduceLogSumExp:
+def reduce_log_sum_exp(bb, inputs, attr, params, opset):
     """log(sum(exp(x))) shifted by the max, in the input dtype (TVM's failed for float64)."""
+    import numpy as np
+    from tvm import relax
 
-    @classmethod
-    def get_converter(cls, opset):
-        return cls._convert
-
-    @staticmethod
-    def _convert(bb, inputs, attr, params):
-        import numpy as np
-        from tvm import relax
-
-        x = inputs[0]
-        axes = _reduce_axes(inputs, attr, x.ty.ndim)
-        if axes is None:
-            return x
-        dtype = str(x.ty.dtype)
-        keep = bool(attr.get("keepdims", 1))
-        m = bb.normalize(relax.op.max(x, axes, keepdims=True))
-        neg_inf = relax.const(np.array(-np.inf, dtype=dtype), dtype)
-        # An all -inf (or empty) slice would give -inf - -inf = NaN; shift it by 0 instead.
-        m = bb.normalize(relax.op.where(relax.op.equal(m, neg_inf), relax.op.zeros_like(m), m))
-        s = relax.op.sum(relax.op.exp(relax.op.subtract(x, m)), axes, keepdims=True)
-        out = bb.normalize(relax.op.add(relax.op.log(s), m))
-        return relax.op.squeeze(out, axes) if not keep else out
+    x = inputs[0]
+    axes = _reduce_axes(inputs, attr, x.ty.ndim)
+    if axes is None:
+        return x
+    dtype = str(x.ty.dtype)
+    keep = bool(attr.get("keepdims", 1))
+    m = bb.normalize(relax.op.max(x, axes, keepdims=True))
+    neg_inf = relax.const(np.array(-np.inf, dtype=dtype), dtype)
+    # An all -inf (or empty) slice would give -inf - -inf = NaN; shift it by 0 instead.
+    m = bb.normalize(relax.op.where(relax.op.equal(m, neg_inf), relax.op.zeros_like(m), m))
+    s = relax.op.sum(relax.op.exp(relax.op.subtract(x, m)), axes, keepdims=True)
+    out = bb.normalize(relax.op.add(relax.op.log(s), m))
+    return relax.op.squeeze(out, axes) if not keep else out

@@ -9,6 +9,7 @@ hands the constant case, unchanged, to the converter it wraps.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 from . import register, tvm_converter
@@ -23,7 +24,7 @@ def _base_converter(op_type: str, opset: int):
     from . import reduce
 
     if op_type == "ReduceLogSumExp":
-        return reduce.ReduceLogSumExp.get_converter(opset)
+        return functools.partial(reduce.reduce_log_sum_exp, opset=opset)
     return tvm_converter(op_type, opset)
 
 
