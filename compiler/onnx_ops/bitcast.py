@@ -11,27 +11,22 @@ from . import register
 
 
 @register("BitCast")
-class BitCast:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from onnx import helper
-            from tvm import relax, topi
+def bit_cast(bb, inputs, attr, params, opset):
+    from onnx import helper
+    from tvm import relax, topi
 
-            dst = str(helper.tensor_dtype_to_np_dtype(attr["to"]))
-            x = bb.normalize(inputs[0])
-            src = str(x.ty.dtype)
-            bits = {"bool": 8, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "float16": 16,
-                    "bfloat16": 16, "int32": 32, "uint32": 32, "float32": 32, "int64": 64,
-                    "uint64": 64, "float64": 64}
-            if src not in bits or dst not in bits:
-                raise ValueError(f"BitCast from {src} to {dst} is not supported")
-            if bits[src] != bits[dst]:
-                raise ValueError(f"BitCast from {src} to {dst}: the widths differ")
-            if src == dst:
-                return x
-            if "bool" in (src, dst):
-                return relax.op.astype(x, dst)
-            return bb.emit_te(topi.reinterpret, x, dst)
-
-        return convert
+    dst = str(helper.tensor_dtype_to_np_dtype(attr["to"]))
+    x = bb.normalize(inputs[0])
+    src = str(x.ty.dtype)
+    bits = {"bool": 8, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "float16": 16,
+            "bfloat16": 16, "int32": 32, "uint32": 32, "float32": 32, "int64": 64,
+            "uint64": 64, "float64": 64}
+    if src not in bits or dst not in bits:
+        raise ValueError(f"BitCast from {src} to {dst} is not supported")
+    if bits[src] != bits[dst]:
+        raise ValueError(f"BitCast from {src} to {dst}: the widths differ")
+    if src == dst:
+        return x
+    if "bool" in (src, dst):
+        return relax.op.astype(x, dst)
+    return bb.emit_te(topi.reinterpret, x, dst)

@@ -67,46 +67,36 @@ def narrow_cast(bb, x, src: int, dst: int, saturate: bool = True, round_mode: st
 
 
 @register("Cast")
-class Cast:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from onnx import helper
+def cast(bb, inputs, attr, params, opset):
+    from onnx import helper
 
-            from .narrow import onnx_types
+    from .narrow import onnx_types
 
-            types = onnx_types(attr, inputs, "Cast")
-            if types is not None:
-                out = narrow_cast(bb, inputs[0], types[0][0], attr["to"],
-                                  bool(attr.get("saturate", 1)),
-                                  _attr_str(attr, "round_mode", "up"))
-                if out is not None:
-                    return out
-            try:
-                dst = str(helper.tensor_dtype_to_np_dtype(attr["to"]))
-            except Exception:  # noqa: BLE001 - leave unknown codes to TVM's converter
-                dst = None
-            _check(_dtype_name(inputs[0]), dst)
-            return tvm_converter("Cast", opset)(bb, inputs, attr, params)
-
-        return convert
+    types = onnx_types(attr, inputs, "Cast")
+    if types is not None:
+        out = narrow_cast(bb, inputs[0], types[0][0], attr["to"],
+                          bool(attr.get("saturate", 1)),
+                          _attr_str(attr, "round_mode", "up"))
+        if out is not None:
+            return out
+    try:
+        dst = str(helper.tensor_dtype_to_np_dtype(attr["to"]))
+    except Exception:  # noqa: BLE001 - leave unknown codes to TVM's converter
+        dst = None
+    _check(_dtype_name(inputs[0]), dst)
+    return tvm_converter("Cast", opset)(bb, inputs, attr, params)
 
 
 @register("CastLike")
-class CastLike:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from .narrow import onnx_types
+def cast_like(bb, inputs, attr, params, opset):
+    from .narrow import onnx_types
 
-            types = onnx_types(attr, inputs, "CastLike")
-            if types is not None:
-                out = narrow_cast(bb, inputs[0], types[0][0], types[0][1],
-                                  bool(attr.get("saturate", 1)),
-                                  _attr_str(attr, "round_mode", "up"))
-                if out is not None:
-                    return out
-            _check(_dtype_name(inputs[0]), _dtype_name(inputs[1]))
-            return tvm_converter("CastLike", opset)(bb, inputs, attr, params)
-
-        return convert
+    types = onnx_types(attr, inputs, "CastLike")
+    if types is not None:
+        out = narrow_cast(bb, inputs[0], types[0][0], types[0][1],
+                          bool(attr.get("saturate", 1)),
+                          _attr_str(attr, "round_mode", "up"))
+        if out is not None:
+            return out
+    _check(_dtype_name(inputs[0]), _dtype_name(inputs[1]))
+    return tvm_converter("CastLike", opset)(bb, inputs, attr, params)

@@ -8,28 +8,23 @@ from . import register, tvm_converter
 
 
 @register("Pow")
-class Pow:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from tvm import relax
+def pow(bb, inputs, attr, params, opset):
+    from tvm import relax
 
-            x, y = inputs[0], inputs[1]
-            xt, yt = getattr(x, "ty", None), getattr(y, "ty", None)
-            if not (isinstance(xt, relax.TensorType) and isinstance(yt, relax.TensorType)):
-                return tvm_converter("Pow", opset)(bb, inputs, attr, params)
-            xd, yd = str(xt.dtype), str(yt.dtype)
-            if xd == yd and "float" in xd:
-                return relax.op.power(x, y)
-            # Integer bases are computed in float64 (exact for the integer range that does not
-            # overflow the result type) and cast back; the result has the base's type.
-            work = xd if "float" in xd else "float64"
-            xw = x if xd == work else relax.op.astype(x, work)
-            yw = y if yd == work else relax.op.astype(y, work)
-            out = relax.op.power(xw, yw)
-            return out if work == xd else relax.op.astype(out, xd)
-
-        return convert
+    x, y = inputs[0], inputs[1]
+    xt, yt = getattr(x, "ty", None), getattr(y, "ty", None)
+    if not (isinstance(xt, relax.TensorType) and isinstance(yt, relax.TensorType)):
+        return tvm_converter("Pow", opset)(bb, inputs, attr, params)
+    xd, yd = str(xt.dtype), str(yt.dtype)
+    if xd == yd and "float" in xd:
+        return relax.op.power(x, y)
+    # Integer bases are computed in float64 (exact for the integer range that does not
+    # overflow the result type) and cast back; the result has the base's type.
+    work = xd if "float" in xd else "float64"
+    xw = x if xd == work else relax.op.astype(x, work)
+    yw = y if yd == work else relax.op.astype(y, work)
+    out = relax.op.power(xw, yw)
+    return out if work == xd else relax.op.astype(out, xd)
 
 
 def _const(value, dtype: str):
@@ -42,49 +37,37 @@ def _const(value, dtype: str):
 
 
 @register("Celu")
-class Celu:
+def celu(bb, inputs, attr, params, opset):
     """max(0, x) + min(0, alpha * (exp(x / alpha) - 1)) in x's dtype (TVM's mixed in a float32
     constant and failed for float16/bfloat16)."""
+    from tvm import relax
 
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from tvm import relax
-
-            x = inputs[0]
-            dtype = str(x.ty.dtype)
-            alpha = _const(float(attr.get("alpha", 1.0)), dtype)
-            zero, one = _const(0.0, dtype), _const(1.0, dtype)
-            neg = relax.op.multiply(alpha, relax.op.subtract(
-                relax.op.exp(relax.op.divide(x, alpha)), one))
-            return relax.op.add(relax.op.maximum(x, zero), relax.op.minimum(neg, zero))
-
-        return convert
+    x = inputs[0]
+    dtype = str(x.ty.dtype)
+    alpha = _const(float(attr.get("alpha", 1.0)), dtype)
+    zero, one = _const(0.0, dtype), _const(1.0, dtype)
+    neg = relax.op.multiply(alpha, relax.op.subtract(
+        relax.op.exp(relax.op.divide(x, alpha)), one))
+    return relax.op.add(relax.op.maximum(x, zero), relax.op.minimum(neg, zero))
 
 
 @register("IsInf")
-class IsInf:
+def is_inf(bb, inputs, attr, params, opset):
     """Honours detect_positive / detect_negative (TVM's ignored both)."""
+    import numpy as np
+    from tvm import relax
 
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            import numpy as np
-            from tvm import relax
-
-            x = inputs[0]
-            dtype = str(x.ty.dtype)
-            pos, neg = attr.get("detect_positive", 1), attr.get("detect_negative", 1)
-            hits = []
-            if pos:
-                hits.append(relax.op.equal(x, _const(np.inf, dtype)))
-            if neg:
-                hits.append(relax.op.equal(x, _const(-np.inf, dtype)))
-            if not hits:
-                return relax.op.zeros(x.ty.shape, "bool")
-            return hits[0] if len(hits) == 1 else relax.op.logical_or(*hits)
-
-        return convert
+    x = inputs[0]
+    dtype = str(x.ty.dtype)
+    pos, neg = attr.get("detect_positive", 1), attr.get("detect_negative", 1)
+    hits = []
+    if pos:
+        hits.append(relax.op.equal(x, _const(np.inf, dtype)))
+    if neg:
+        hits.append(relax.op.equal(x, _const(-np.inf, dtype)))
+    if not hits:
+        return relax.op.zeros(x.ty.shape, "bool")
+    return hits[0] if len(hits) == 1 else relax.op.logical_or(*hits)
 
 
 @register("Mod")
@@ -113,39 +96,33 @@ class Mod:
 
 
 @register("BitShift")
-class BitShift:
+def bit_shift(bb, inputs, attr, params, opset):
     """Shift amounts outside [0, bit width) give 0 (or -1 for a right shift of a negative
     signed value), as the reference; LLVM's shifts are undefined there."""
+    import numpy as np
+    from tvm import relax
 
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            import numpy as np
-            from tvm import relax
-
-            a, b = inputs[0], inputs[1]
-            dtype = str(a.ty.dtype)
-            bits = np.iinfo(dtype).bits
-            direction = attr.get("direction", b"LEFT")
-            direction = direction.decode() if isinstance(direction, bytes) else direction
-            if b.ty.dtype != a.ty.dtype:
-                b = relax.op.astype(b, dtype)
-            zero = relax.const(np.array(0, dtype=dtype), dtype)
-            valid = relax.op.logical_and(
-                relax.op.greater_equal(b, zero),
-                relax.op.less(b, relax.const(np.array(bits, dtype=dtype), dtype)))
-            safe_b = bb.normalize(relax.op.where(valid, b, zero))
-            if direction == "LEFT":
-                shifted, fill = relax.op.left_shift(a, safe_b), zero
-            else:
-                shifted = relax.op.right_shift(a, safe_b)
-                fill = zero
-                if np.issubdtype(np.dtype(dtype), np.signedinteger):
-                    fill = relax.op.where(relax.op.less(a, zero),
-                                          relax.const(np.array(-1, dtype=dtype), dtype), zero)
-            return relax.op.where(valid, shifted, fill)
-
-        return convert
+    a, b = inputs[0], inputs[1]
+    dtype = str(a.ty.dtype)
+    bits = np.iinfo(dtype).bits
+    direction = attr.get("direction", b"LEFT")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    if b.ty.dtype != a.ty.dtype:
+        b = relax.op.astype(b, dtype)
+    zero = relax.const(np.array(0, dtype=dtype), dtype)
+    valid = relax.op.logical_and(
+        relax.op.greater_equal(b, zero),
+        relax.op.less(b, relax.const(np.array(bits, dtype=dtype), dtype)))
+    safe_b = bb.normalize(relax.op.where(valid, b, zero))
+    if direction == "LEFT":
+        shifted, fill = relax.op.left_shift(a, safe_b), zero
+    else:
+        shifted = relax.op.right_shift(a, safe_b)
+        fill = zero
+        if np.issubdtype(np.dtype(dtype), np.signedinteger):
+            fill = relax.op.where(relax.op.less(a, zero),
+                                  relax.const(np.array(-1, dtype=dtype), dtype), zero)
+    return relax.op.where(valid, shifted, fill)
 
 
 def _softplus(x):
@@ -163,53 +140,36 @@ def _softplus(x):
 
 
 @register("Softplus")
-class Softplus:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            return _softplus(inputs[0])
-
-        return convert
+def softplus(bb, inputs, attr, params, opset):
+    return _softplus(inputs[0])
 
 
 @register("Mish")
-class Mish:
+def mish(bb, inputs, attr, params, opset):
     """x * tanh(softplus(x)) with the stable softplus above (TVM's lost the tiny values of
     very negative x)."""
+    from tvm import relax
 
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from tvm import relax
-
-            x = inputs[0]
-            dtype = str(x.ty.dtype)
-            sp = bb.normalize(_softplus(x))
-            # TVM's tanh loses small arguments (its rational fit flushes ~1e-7 to ~0.7e-7);
-            # below 1e-3, s - s^3/3 is tanh to float64 precision.
-            small = relax.op.multiply(sp, relax.op.subtract(
-                _const(1.0, dtype), relax.op.divide(relax.op.multiply(sp, sp), _const(3.0, dtype))))
-            t = relax.op.where(relax.op.less(sp, _const(1e-3, dtype)), small, relax.op.tanh(sp))
-            return relax.op.multiply(x, t)
-
-        return convert
+    x = inputs[0]
+    dtype = str(x.ty.dtype)
+    sp = bb.normalize(_softplus(x))
+    # TVM's tanh loses small arguments (its rational fit flushes ~1e-7 to ~0.7e-7);
+    # below 1e-3, s - s^3/3 is tanh to float64 precision.
+    small = relax.op.multiply(sp, relax.op.subtract(
+        _const(1.0, dtype), relax.op.divide(relax.op.multiply(sp, sp), _const(3.0, dtype))))
+    t = relax.op.where(relax.op.less(sp, _const(1e-3, dtype)), small, relax.op.tanh(sp))
+    return relax.op.multiply(x, t)
 
 
 @register("Elu")
-class Elu:
+def elu(bb, inputs, attr, params, opset):
     """x > 0 ? x : alpha * (exp(x) - 1), in x's dtype (TVM's failed for float16/bfloat16)."""
+    from tvm import relax
 
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from tvm import relax
-
-            x = inputs[0]
-            dtype = str(x.ty.dtype)
-            alpha = _const(float(attr.get("alpha", 1.0)), dtype)
-            zero, one = _const(0.0, dtype), _const(1.0, dtype)
-            neg = relax.op.multiply(relax.op.subtract(
-                relax.op.exp(relax.op.minimum(x, zero)), one), alpha)
-            return relax.op.add(relax.op.maximum(x, zero), neg)
-
-        return convert
+    x = inputs[0]
+    dtype = str(x.ty.dtype)
+    alpha = _const(float(attr.get("alpha", 1.0)), dtype)
+    zero, one = _const(0.0, dtype), _const(1.0, dtype)
+    neg = relax.op.multiply(relax.op.subtract(
+        relax.op.exp(relax.op.minimum(x, zero)), one), alpha)
+    return relax.op.add(relax.op.maximum(x, zero), neg)

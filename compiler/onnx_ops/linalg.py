@@ -13,43 +13,38 @@ _MAX_N = 5
 
 
 @register("Det")
-class Det:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from tvm import relax, tirx
+def determinant(bb, inputs, attr, params, opset):
+    from tvm import relax, tirx
 
-            x = bb.normalize(inputs[0])
-            shape = x.ty.shape.values
-            ndim = len(shape)
-            n, m = shape[-2], shape[-1]
-            if not (isinstance(n, tirx.IntImm) and isinstance(m, tirx.IntImm)) or n.value != m.value:
-                raise ValueError(f"Det needs static square matrices, got [..., {n}, {m}]")
-            n = int(n.value)
-            if n > _MAX_N:
-                raise ValueError(f"Det of {n}x{n} matrices is not supported (at most {_MAX_N}x{_MAX_N})")
-            elem = [[bb.emit(relax.op.squeeze(relax.op.strided_slice(
-                x, [ndim - 2, ndim - 1], [i, j], [i + 1, j + 1]), [ndim - 2, ndim - 1]))
-                for j in range(n)] for i in range(n)]
-            memo = {}
+    x = bb.normalize(inputs[0])
+    shape = x.ty.shape.values
+    ndim = len(shape)
+    n, m = shape[-2], shape[-1]
+    if not (isinstance(n, tirx.IntImm) and isinstance(m, tirx.IntImm)) or n.value != m.value:
+        raise ValueError(f"Det needs static square matrices, got [..., {n}, {m}]")
+    n = int(n.value)
+    if n > _MAX_N:
+        raise ValueError(f"Det of {n}x{n} matrices is not supported (at most {_MAX_N}x{_MAX_N})")
+    elem = [[bb.emit(relax.op.squeeze(relax.op.strided_slice(
+        x, [ndim - 2, ndim - 1], [i, j], [i + 1, j + 1]), [ndim - 2, ndim - 1]))
+        for j in range(n)] for i in range(n)]
+    memo = {}
 
-            def det(row: int, cols: tuple):
-                if len(cols) == 1:
-                    return elem[row][cols[0]]
-                if cols in memo:
-                    return memo[cols]
-                total = None
-                for k, col in enumerate(cols):
-                    term = relax.op.multiply(elem[row][col], det(row + 1, cols[:k] + cols[k + 1:]))
-                    if total is None:
-                        total = term
-                    elif k % 2:
-                        total = relax.op.subtract(total, term)
-                    else:
-                        total = relax.op.add(total, term)
-                memo[cols] = bb.emit(total)
-                return memo[cols]
+    def det(row: int, cols: tuple):
+        if len(cols) == 1:
+            return elem[row][cols[0]]
+        if cols in memo:
+            return memo[cols]
+        total = None
+        for k, col in enumerate(cols):
+            term = relax.op.multiply(elem[row][col], det(row + 1, cols[:k] + cols[k + 1:]))
+            if total is None:
+                total = term
+            elif k % 2:
+                total = relax.op.subtract(total, term)
+            else:
+                total = relax.op.add(total, term)
+        memo[cols] = bb.emit(total)
+        return memo[cols]
 
-            return det(0, tuple(range(n)))
-
-        return convert
+    return det(0, tuple(range(n)))

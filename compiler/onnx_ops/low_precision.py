@@ -54,13 +54,8 @@ def softmax(bb, x, axis: int):
 
 
 @register("MatMul")
-class MatMul:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            return matmul(bb, inputs[0], inputs[1])
-
-        return convert
+def mat_mul(bb, inputs, attr, params, opset):
+    return matmul(bb, inputs[0], inputs[1])
 
 
 @register("Softmax")

@@ -81,59 +81,44 @@ def _conv_int32(bb, x, w, attr, opset):
 
 
 @register("QLinearMatMul")
-class QLinearMatMul:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from tvm import relax
+def q_linear_mat_mul(bb, inputs, attr, params, opset):
+    from tvm import relax
 
-            a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = (list(inputs) + [None] * 8)[:8]
-            a_i = _widen(bb, a, a_zp)
-            if a_zp is not None and _ndim(bb, a_zp) == 1:  # per row of a: [M] -> [M, 1]
-                a_i = relax.op.subtract(relax.op.astype(a, "int32"),
-                                        relax.op.expand_dims(relax.op.astype(a_zp, "int32"), -1))
-            b_i = _widen(bb, b, b_zp)  # per column of b: [N] broadcasts along the last axis
-            acc = relax.op.matmul(a_i, b_i, out_dtype="int32")
-            if _ndim(bb, a_scale) == 1:
-                a_scale = relax.op.expand_dims(a_scale, -1)
-            mult = _multiplier(bb, a_scale, b_scale, y_scale)
-            out_dtype = _dtype(bb, y_zp if y_zp is not None else a)
-            return _requantize(bb, acc, mult, y_zp, out_dtype)
-
-        return convert
+    a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = (list(inputs) + [None] * 8)[:8]
+    a_i = _widen(bb, a, a_zp)
+    if a_zp is not None and _ndim(bb, a_zp) == 1:  # per row of a: [M] -> [M, 1]
+        a_i = relax.op.subtract(relax.op.astype(a, "int32"),
+                                relax.op.expand_dims(relax.op.astype(a_zp, "int32"), -1))
+    b_i = _widen(bb, b, b_zp)  # per column of b: [N] broadcasts along the last axis
+    acc = relax.op.matmul(a_i, b_i, out_dtype="int32")
+    if _ndim(bb, a_scale) == 1:
+        a_scale = relax.op.expand_dims(a_scale, -1)
+    mult = _multiplier(bb, a_scale, b_scale, y_scale)
+    out_dtype = _dtype(bb, y_zp if y_zp is not None else a)
+    return _requantize(bb, acc, mult, y_zp, out_dtype)
 
 
 @register("ConvInteger")
-class ConvInteger:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            x, w, x_zp, w_zp = (list(inputs) + [None] * 4)[:4]
-            return _conv_int32(bb, _widen(bb, x, x_zp), _widen(bb, w, w_zp, channel_axis=0),
-                               attr, opset)
-
-        return convert
+def conv_integer(bb, inputs, attr, params, opset):
+    x, w, x_zp, w_zp = (list(inputs) + [None] * 4)[:4]
+    return _conv_int32(bb, _widen(bb, x, x_zp), _widen(bb, w, w_zp, channel_axis=0),
+                       attr, opset)
 
 
 @register("QLinearConv")
-class QLinearConv:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from tvm import relax
+def q_linear_conv(bb, inputs, attr, params, opset):
+    from tvm import relax
 
-            x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias = (list(inputs) + [None] * 9)[:9]
-            acc = _conv_int32(bb, _widen(bb, x, x_zp), _widen(bb, w, w_zp, channel_axis=0),
-                              attr, opset)
-            ndim = _ndim(bb, acc)
-            if bias is not None:
-                acc = relax.op.add(acc, _per_channel(bb, relax.op.astype(bias, "int32"), 1, ndim))
-            w_scale = _per_channel(bb, w_scale, 1, ndim)
-            mult = _multiplier(bb, x_scale, w_scale, y_scale)
-            out_dtype = _dtype(bb, y_zp if y_zp is not None else x)
-            return _requantize(bb, acc, mult, y_zp, out_dtype)
-
-        return convert
+    x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias = (list(inputs) + [None] * 9)[:9]
+    acc = _conv_int32(bb, _widen(bb, x, x_zp), _widen(bb, w, w_zp, channel_axis=0),
+                      attr, opset)
+    ndim = _ndim(bb, acc)
+    if bias is not None:
+        acc = relax.op.add(acc, _per_channel(bb, relax.op.astype(bias, "int32"), 1, ndim))
+    w_scale = _per_channel(bb, w_scale, 1, ndim)
+    mult = _multiplier(bb, x_scale, w_scale, y_scale)
+    out_dtype = _dtype(bb, y_zp if y_zp is not None else x)
+    return _requantize(bb, acc, mult, y_zp, out_dtype)
 
 
 # ------------------------------------------------------------------------------------------
@@ -259,31 +244,20 @@ def _dequantize(bb, inputs, attr, types):
 
 
 @register("QuantizeLinear")
-class QuantizeLinear:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from .narrow import onnx_types
+def quantize_linear(bb, inputs, attr, params, opset):
+    from .narrow import onnx_types
 
-            types = onnx_types(attr, inputs, "QuantizeLinear")
-            if types is not None and _narrow_or_blocked(types, attr):
-                return _quantize(bb, inputs, attr, types)
-            return tvm_converter("QuantizeLinear", opset)(bb, inputs, attr, params)
-
-        return convert
+    types = onnx_types(attr, inputs, "QuantizeLinear")
+    if types is not None and _narrow_or_blocked(types, attr):
+        return _quantize(bb, inputs, attr, types)
+    return tvm_converter("QuantizeLinear", opset)(bb, inputs, attr, params)
 
 
 @register("DequantizeLinear")
-class DequantizeLinear:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from .narrow import onnx_types
+def dequantize_linear(bb, inputs, attr, params, opset):
+    from .narrow import onnx_types
 
-            types = onnx_types(attr, inputs, "DequantizeLinear")
-            if types is not None and _narrow_or_blocked(types, attr):
-                return _dequantize(bb, inputs, attr, types)
-            return tvm_converter("DequantizeLinear", opset)(bb, inputs, attr,
-                                                                           params)
-
-        return convert
+    types = onnx_types(attr, inputs, "DequantizeLinear")
+    if types is not None and _narrow_or_blocked(types, attr):
+        return _dequantize(bb, inputs, attr, types)
+    return tvm_converter("DequantizeLinear", opset)(bb, inputs, attr, params)

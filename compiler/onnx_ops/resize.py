@@ -469,24 +469,18 @@ def _run_time_resize(bb, x, roi, scales, sizes, attr, text):
 
 
 @register("Upsample")
-class Upsample:
+def upsample(bb, inputs, attr, params, opset):
     """Upsample (deprecated since opset 10) is Resize with asymmetric coordinates and floor
     rounding for nearest; scales are an attribute (opset 7) or an input (opset 9)."""
+    import numpy as np
+    from tvm import relax
 
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            import numpy as np
-            from tvm import relax
-
-            if opset < 9:
-                scales = relax.const(np.array(attr["scales"], dtype="float32"))
-            else:
-                scales = inputs[1]
-            mode = attr.get("mode", b"nearest")
-            mode = mode.decode() if isinstance(mode, bytes) else mode
-            return Resize._convert(bb, [inputs[0], None, scales, None], {
-                "mode": mode, "coordinate_transformation_mode": "asymmetric",
-                "nearest_mode": "floor"}, params)
-
-        return convert
+    if opset < 9:
+        scales = relax.const(np.array(attr["scales"], dtype="float32"))
+    else:
+        scales = inputs[1]
+    mode = attr.get("mode", b"nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    return Resize._convert(bb, [inputs[0], None, scales, None], {
+        "mode": mode, "coordinate_transformation_mode": "asymmetric",
+        "nearest_mode": "floor"}, params)

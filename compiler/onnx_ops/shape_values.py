@@ -117,57 +117,45 @@ def _dtype_of(value):
 
 
 @register("Reshape")
-class Reshape:
+def reshape(bb, inputs, attr, params, opset):
     """A scalar dim reshaped to [1] / [-1] becomes a one-element ShapeExpr (and [] stays scalar)."""
+    from tvm import relax
 
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from tvm import relax
-
-            prim = prim_of(inputs[0])
-            target = const_ints(inputs[1])
-            if prim is not None and target is not None:
-                if target in ([1], [-1]):
-                    return relax.ShapeExpr([prim])
-                if target == []:
-                    return inputs[0]
-            data = inputs[0]
-            if isinstance(data, relax.Expr) and isinstance(data.ty, relax.ShapeType) \
-                    and not isinstance(data, relax.ShapeExpr):
-                data = as_shape_tensor(bb, data)
-            if prim is not None:
-                data = as_shape_tensor(bb, data)
-            target_ty = getattr(inputs[1], "ty", None)
-            if target is None and not isinstance(inputs[1], relax.ShapeExpr) and \
-                    isinstance(target_ty, relax.TensorType):
-                return _runtime_reshape(bb, data, inputs[1], attr.get("allowzero", 0))
-            return tvm_converter("Reshape", opset)(
-                bb, [data, *inputs[1:]], attr, params)
-
-        return convert
+    prim = prim_of(inputs[0])
+    target = const_ints(inputs[1])
+    if prim is not None and target is not None:
+        if target in ([1], [-1]):
+            return relax.ShapeExpr([prim])
+        if target == []:
+            return inputs[0]
+    data = inputs[0]
+    if isinstance(data, relax.Expr) and isinstance(data.ty, relax.ShapeType) \
+            and not isinstance(data, relax.ShapeExpr):
+        data = as_shape_tensor(bb, data)
+    if prim is not None:
+        data = as_shape_tensor(bb, data)
+    target_ty = getattr(inputs[1], "ty", None)
+    if target is None and not isinstance(inputs[1], relax.ShapeExpr) and \
+            isinstance(target_ty, relax.TensorType):
+        return _runtime_reshape(bb, data, inputs[1], attr.get("allowzero", 0))
+    return tvm_converter("Reshape", opset)(
+        bb, [data, *inputs[1:]], attr, params)
 
 
 @register("Gather")
-class Gather:
+def gather(bb, inputs, attr, params, opset):
     """Gather from a shape whose dims are unknown at import (a shape-typed var) reads it as a tensor."""
+    from tvm import relax
 
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from tvm import relax
-
-            data = inputs[0]
-            if isinstance(data, relax.Expr) and isinstance(data.ty, relax.ShapeType) \
-                    and not isinstance(data, relax.ShapeExpr):
-                data = as_shape_tensor(bb, data)
-            indices = inputs[1]
-            if prim_of(indices) is not None:
-                indices = as_shape_tensor(bb, indices)
-            return tvm_converter("Gather", opset)(
-                bb, [data, indices, *inputs[2:]], attr, params)
-
-        return convert
+    data = inputs[0]
+    if isinstance(data, relax.Expr) and isinstance(data.ty, relax.ShapeType) \
+            and not isinstance(data, relax.ShapeExpr):
+        data = as_shape_tensor(bb, data)
+    indices = inputs[1]
+    if prim_of(indices) is not None:
+        indices = as_shape_tensor(bb, indices)
+    return tvm_converter("Gather", opset)(
+        bb, [data, indices, *inputs[2:]], attr, params)
 
 
 def static_dims(value):
@@ -194,44 +182,38 @@ def broadcast_dim(a, b):
 
 
 @register("Expand")
-class Expand:
+def expand(bb, inputs, attr, params, opset):
     """Expand of a symbolically shaped tensor to a constant or symbolic shape, by broadcast rules."""
+    from tvm import relax, tirx
 
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from tvm import relax, tirx
+    from .run_time_operands import _static_len, is_run_time, shape_vars
 
-            from .run_time_operands import _static_len, is_run_time, shape_vars
-
-            data, shape = inputs[0], inputs[1]
-            target = static_dims(shape)
-            ty = getattr(data, "ty", None)
-            if target is None and isinstance(ty, relax.TensorType) \
-                    and isinstance(ty.shape, relax.ShapeExpr) and is_run_time(shape, params):
-                # TVM broadcasts to the run-time values as they are, so a 1 that should keep the
-                # input's dim (shape [2, 1, 6] on a (3, 1) input) shrank it: bind the values to
-                # symbolic dims and apply the broadcast rules to them.
-                target = shape_vars(bb, shape, _static_len(shape, "shape"), "expand_")
-            if target is None or not isinstance(ty, relax.TensorType) \
-                    or not isinstance(ty.shape, relax.ShapeExpr):
-                return tvm_converter("Expand", opset)(bb, inputs, attr, params)
-            dims = list(ty.shape.values)
-            rank = max(len(dims), len(target))
-            one = tirx.IntImm("int64", 1)
-            dims = [one] * (rank - len(dims)) + dims
-            target = [one] * (rank - len(target)) + target
-            out = []
-            for d, t in zip(dims, target):
-                if isinstance(t, tirx.IntImm) and t.value == -1:
-                    out.append(d)  # TVM's reading of -1: keep the input dim
-                else:
-                    out.append(broadcast_dim(d, t))
-            if len(dims) != len(ty.shape.values):
-                data = relax.op.reshape(data, relax.ShapeExpr(dims))
-            return relax.op.broadcast_to(data, relax.ShapeExpr(out))
-
-        return convert
+    data, shape = inputs[0], inputs[1]
+    target = static_dims(shape)
+    ty = getattr(data, "ty", None)
+    if target is None and isinstance(ty, relax.TensorType) \
+            and isinstance(ty.shape, relax.ShapeExpr) and is_run_time(shape, params):
+        # TVM broadcasts to the run-time values as they are, so a 1 that should keep the
+        # input's dim (shape [2, 1, 6] on a (3, 1) input) shrank it: bind the values to
+        # symbolic dims and apply the broadcast rules to them.
+        target = shape_vars(bb, shape, _static_len(shape, "shape"), "expand_")
+    if target is None or not isinstance(ty, relax.TensorType) \
+            or not isinstance(ty.shape, relax.ShapeExpr):
+        return tvm_converter("Expand", opset)(bb, inputs, attr, params)
+    dims = list(ty.shape.values)
+    rank = max(len(dims), len(target))
+    one = tirx.IntImm("int64", 1)
+    dims = [one] * (rank - len(dims)) + dims
+    target = [one] * (rank - len(target)) + target
+    out = []
+    for d, t in zip(dims, target):
+        if isinstance(t, tirx.IntImm) and t.value == -1:
+            out.append(d)  # TVM's reading of -1: keep the input dim
+        else:
+            out.append(broadcast_dim(d, t))
+    if len(dims) != len(ty.shape.values):
+        data = relax.op.reshape(data, relax.ShapeExpr(dims))
+    return relax.op.broadcast_to(data, relax.ShapeExpr(out))
 
 
 # Ops whose TVM (or tvmopt) converter takes shape values (ShapeExpr / shape-typed vars) as inputs.

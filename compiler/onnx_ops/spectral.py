@@ -40,52 +40,47 @@ def _matrix(n_used: int, length: int, inverse: bool, onesided: bool):
 
 
 @register("DFT")
-class DFT:
-    @classmethod
-    def get_converter(cls, opset):
-        def convert(bb, inputs, attr, params):
-            from tvm import relax, tirx
+def dft(bb, inputs, attr, params, opset):
+    from tvm import relax, tirx
 
-            x = bb.normalize(inputs[0])
-            dtype = str(x.ty.dtype)
-            shape = x.ty.shape.values
-            ndim = len(shape)
-            if opset >= 20:
-                axis = _const_int(inputs[2] if len(inputs) > 2 else None, "axis")
-                axis = -2 if axis is None else axis
-            else:
-                axis = attr.get("axis", 1)
-            axis = axis % ndim
-            if axis == ndim - 1:
-                raise ValueError("DFT axis cannot be the last (real/imaginary) axis")
-            inverse, onesided = bool(attr.get("inverse", 0)), bool(attr.get("onesided", 0))
-            n_in = shape[axis]
-            if not isinstance(n_in, tirx.IntImm):
-                raise ValueError(f"DFT needs a static length on axis {axis}, got {n_in}")
-            n_in = int(n_in.value)
-            length = _const_int(inputs[1] if len(inputs) > 1 else None, "dft_length")
-            if length is None:
-                length = 2 * (n_in - 1) if inverse and onesided else n_in
-            n_used = min(n_in, length // 2 + 1 if inverse and onesided else length)
-            w = _matrix(n_used, length, inverse, onesided)
-            wr, wi = relax.const(w.real.astype(dtype)), relax.const(w.imag.astype(dtype))
+    x = bb.normalize(inputs[0])
+    dtype = str(x.ty.dtype)
+    shape = x.ty.shape.values
+    ndim = len(shape)
+    if opset >= 20:
+        axis = _const_int(inputs[2] if len(inputs) > 2 else None, "axis")
+        axis = -2 if axis is None else axis
+    else:
+        axis = attr.get("axis", 1)
+    axis = axis % ndim
+    if axis == ndim - 1:
+        raise ValueError("DFT axis cannot be the last (real/imaginary) axis")
+    inverse, onesided = bool(attr.get("inverse", 0)), bool(attr.get("onesided", 0))
+    n_in = shape[axis]
+    if not isinstance(n_in, tirx.IntImm):
+        raise ValueError(f"DFT needs a static length on axis {axis}, got {n_in}")
+    n_in = int(n_in.value)
+    length = _const_int(inputs[1] if len(inputs) > 1 else None, "dft_length")
+    if length is None:
+        length = 2 * (n_in - 1) if inverse and onesided else n_in
+    n_used = min(n_in, length // 2 + 1 if inverse and onesided else length)
+    w = _matrix(n_used, length, inverse, onesided)
+    wr, wi = relax.const(w.real.astype(dtype)), relax.const(w.imag.astype(dtype))
 
-            # [..., n, ..., c] -> real/imag parts with the DFT axis last, first n_used entries.
-            x = relax.op.strided_slice(x, [axis], [0], [n_used])
-            parts = [relax.op.squeeze(relax.op.strided_slice(x, [ndim - 1], [i], [i + 1]), [ndim - 1])
-                     for i in range(int(shape[-1].value))]
-            perm = [d for d in range(ndim - 1) if d != axis] + [axis]
-            back = list(range(ndim - 2))
-            back.insert(axis, ndim - 2)
-            a = bb.emit(relax.op.permute_dims(parts[0], perm))
-            re = relax.op.matmul(a, wr)
-            im = relax.op.matmul(a, wi)
-            if len(parts) > 1:
-                b = bb.emit(relax.op.permute_dims(parts[1], perm))
-                re = relax.op.subtract(re, relax.op.matmul(b, wi))
-                im = relax.op.add(im, relax.op.matmul(b, wr))
-            outs = [re] if inverse and onesided else [re, im]
-            outs = [relax.op.permute_dims(bb.emit(o), back) for o in outs]
-            return relax.op.stack(outs, axis=ndim - 1)
-
-        return convert
+    # [..., n, ..., c] -> real/imag parts with the DFT axis last, first n_used entries.
+    x = relax.op.strided_slice(x, [axis], [0], [n_used])
+    parts = [relax.op.squeeze(relax.op.strided_slice(x, [ndim - 1], [i], [i + 1]), [ndim - 1])
+             for i in range(int(shape[-1].value))]
+    perm = [d for d in range(ndim - 1) if d != axis] + [axis]
+    back = list(range(ndim - 2))
+    back.insert(axis, ndim - 2)
+    a = bb.emit(relax.op.permute_dims(parts[0], perm))
+    re = relax.op.matmul(a, wr)
+    im = relax.op.matmul(a, wi)
+    if len(parts) > 1:
+        b = bb.emit(relax.op.permute_dims(parts[1], perm))
+        re = relax.op.subtract(re, relax.op.matmul(b, wi))
+        im = relax.op.add(im, relax.op.matmul(b, wr))
+    outs = [re] if inverse and onesided else [re, im]
+    outs = [relax.op.permute_dims(bb.emit(o), back) for o in outs]
+    return relax.op.stack(outs, axis=ndim - 1)
