@@ -126,6 +126,35 @@ def from_carrier(arr: np.ndarray, dtype: str) -> np.ndarray:
     return arr.view(t.np_dtype) if t.is_float else arr.astype(t.np_dtype)
 
 
+def float_to_int(x: np.ndarray, dtype: str) -> np.ndarray:
+    """tvmopt's float -> int4/uint4/int2/uint2 cast, as an ml_dtypes array of `dtype`.
+
+    ONNX's Cast leaves a float outside the integer type's range undefined, and ml_dtypes has
+    changed its answer between releases (0.5 wrapped, 0.7 gives 0), so tvmopt fixes one rule:
+    truncate toward zero, then keep the low bits (two's complement), which is the spec's own
+    rule for fixed -> fixed casts and what onnxruntime gives for integral values. NaN and
+    +-Inf give 0. The compiled cast (`onnx_ops.narrow.wrap_int`) implements this rule.
+    """
+    t = by_name(dtype)
+    if t is None or t.is_float:
+        raise ValueError(f"{dtype} is not a narrow integer type")
+    x = np.asarray(x, np.float64)
+    v = np.where(np.isfinite(x), np.trunc(np.nan_to_num(x, posinf=0.0, neginf=0.0)), 0.0)
+    v = v.astype(np.int64) & ((1 << t.bits) - 1)
+    if t.carrier == "int8":
+        sign = 1 << (t.bits - 1)
+        v = (v ^ sign) - sign
+    return v.astype(t.carrier).astype(t.np_dtype)
+
+
+def float_to_int_unspecified(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Where ONNX leaves a float -> narrow-int cast undefined: NaN, Inf or out of range."""
+    lo, hi = by_name(dtype).int_range
+    x = np.asarray(x, np.float64)
+    with np.errstate(invalid="ignore"):
+        return ~np.isfinite(x) | (np.trunc(x) < lo) | (np.trunc(x) > hi)
+
+
 def from_npz(arr: np.ndarray, dtype: str) -> np.ndarray:
     """np.savez stores ml_dtypes arrays as raw bytes ('V1'): read them back as `dtype`."""
     t = by_name(dtype)

@@ -356,7 +356,9 @@ def encode_float(bb, x, t: NarrowType, saturate: bool = True, round_mode: str = 
 
 
 def wrap_int(bb, x, t: NarrowType):
-    """Value -> carrier of integer type `t`, wrapping as ml_dtypes' astype does (floats truncate)."""
+    """Value -> carrier of integer type `t`: floats truncate toward zero, then the low bits are
+    kept (two's complement); NaN/Inf give 0. ONNX leaves out-of-range float casts undefined:
+    this is tvmopt's documented rule, `narrow_types.float_to_int` is its numpy reference."""
     from tvm import relax
 
     src = _dtype(bb, x)
