@@ -166,9 +166,21 @@ def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, i
     got = lm.run(feeds)
     ref = verify.run_onnxruntime(str(model_path), feeds)
     errors = verify.compare(got, ref, tol)
+    record = {"reference": "onnxruntime", "atol": tol.atol, "rtol": tol.rtol}
+    saturating = (any(e.mismatched for e in errors) and not verify.host_has_vnni()
+                  and verify.integer_product_ops(model_path))
+    if saturating:
+        exact = verify.compare(got, verify.run_reference(str(model_path), feeds), tol)
+        if not any(e.mismatched for e in exact):
+            worst = max(errors, key=lambda e: e.max_abs)
+            record.update(reference="onnx.reference", onnxruntime=verify.to_json(errors),
+                          note=f"onnxruntime differs by up to {worst.max_abs:.3g} on this host: "
+                               f"its u8 x s8 kernels ({', '.join(sorted(saturating))}) saturate "
+                               "int16 pair sums on CPUs without VNNI; tvmopt matches "
+                               "onnx.reference's exact integer arithmetic")
+            errors = exact
     update_manifest(read_artifact(artifact_path, check_hashes=False),
-                    verification={"reference": "onnxruntime", "atol": tol.atol, "rtol": tol.rtol,
-                                  "outputs": verify.to_json(errors)})
+                    verification={**record, "outputs": verify.to_json(errors)})
     verify.check(errors, tol)
     return errors
 

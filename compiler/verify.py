@@ -53,6 +53,46 @@ def run_onnxruntime(model_path: str, feeds: dict[str, np.ndarray]) -> dict[str, 
                                 f"{shapes}: {reason}") from None
 
 
+# onnxruntime's x86 kernels for u8 x s8 integer products multiply with vpmaddubsw on CPUs
+# without VNNI, which saturates each pair of products to int16: on such hosts its MatMulInteger /
+# ConvInteger results can differ from the exact integer arithmetic ONNX specifies (and tvmopt
+# computes), by a quantization step on some outputs. There, a mismatch is re-checked against
+# onnx.reference, the specification's own implementation.
+INTEGER_PRODUCT_OPS = frozenset({"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv",
+                                 "MatMulIntegerToFloat", "DynamicQuantizeMatMul"})
+
+
+def host_has_vnni() -> bool:
+    """Whether this x86 host has AVX-512 VNNI or AVX-VNNI (True off x86: not concerned)."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith("flags")), "").split()
+    except OSError:
+        return True
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+def integer_product_ops(model_path: str) -> set[str]:
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    return {n.op_type for n in model.graph.node} & INTEGER_PRODUCT_OPS
+
+
+def run_reference(model_path: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """onnx.reference's outputs (slow, exact); onnxruntime is the reference everywhere else."""
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    model = onnx.load(str(model_path))
+    names = [o.name for o in model.graph.output]
+    return dict(zip(names, ReferenceEvaluator(model).run(None, feeds)))
+
+
 def compare(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], tol: Tolerance) -> list[OutputError]:
     errs = []
     for name, r in ref.items():
