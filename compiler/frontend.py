@@ -13,6 +13,30 @@ from .onnx_model import TensorInfo, resolve_input_shapes
 # Ops the importer handles itself rather than through the converter map.
 _BUILTIN_OPS = {"If", "Constant", "Scan", "Loop"}  # Scan/Loop: onnx_ops.control_flow
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+# Contrib ops whose converters implement that domain's own definition. An op is matched by
+# (domain, op type), never by op type alone: a `com.example::MatMul` converted as ONNX's MatMul
+# would be a different model that compiles and runs without a word.
+_CONTRIB_OPS = {"com.microsoft": frozenset({"BiasGelu", "EmbedLayerNormalization", "FastGelu",
+                                            "Gelu", "MatMulInteger16",
+                                            "SkipLayerNormalization"})}
+
+
+def newest_known_opset() -> int:
+    """The newest ai.onnx opset the importer knows: the installed onnx's (its node cases are the
+    conformance suite the converters are checked with)."""
+    import onnx.defs
+
+    return onnx.defs.onnx_opset_version()
+
+
+def opset_verdict(model) -> str | None:
+    """Why the model's ai.onnx opset is refused (newer than the importer knows), else None."""
+    opset, newest = model_opset(model), newest_known_opset()
+    if opset > newest:
+        return (f"the model declares ai.onnx opset {opset}, newer than the newest this importer "
+                f"knows ({newest}): ops may mean something else there; pass "
+                f"--allow-newer-opset to compile it as opset {newest} (recorded in the manifest)")
+    return None
 
 
 def model_opset(model) -> int:
@@ -40,13 +64,20 @@ def unsupported_ops(model) -> dict[str, list[str]]:
     """
     from .onnx_ops import converter_map
 
+    import onnx.defs
+
     known = set(converter_map()) | _BUILTIN_OPS
     local_functions = {(f.domain, f.name) for f in model.functions}
     missing: dict[str, list[str]] = {}
     for node in _iter_nodes(model.graph):
         if (node.domain, node.op_type) in local_functions:
             continue  # expanded by inlining before import
-        if node.op_type not in known:
+        if node.domain in _DEFAULT_DOMAINS:
+            ok = node.op_type in known and (node.op_type in _BUILTIN_OPS or
+                                            onnx.defs.has(node.op_type, ""))
+        else:
+            ok = node.op_type in known and node.op_type in _CONTRIB_OPS.get(node.domain, ())
+        if not ok:
             key = node.op_type if node.domain in _DEFAULT_DOMAINS else f"{node.domain}::{node.op_type}"
             missing.setdefault(key, []).append(node.name or f"<unnamed {node.op_type}>")
     return missing
@@ -143,16 +174,20 @@ def _prepare(model):
     return preprocess.run(model)
 
 
-def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None) -> ImportedModel:
+def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None,
+                allow_newer_opset: bool = False) -> ImportedModel:
     """Import an ONNX ModelProto into a Relax IRModule with weights bound as constants.
 
     Args:
         model: a loaded, checked onnx.ModelProto (see onnx_model.load_onnx).
         shape_overrides: static shapes for inputs ('--shape'); named dynamic dims otherwise stay
             symbolic.
+        allow_newer_opset: import a model whose ai.onnx opset is newer than the importer knows
+            as the newest it knows (otherwise refused).
 
     Raises:
-        UnsupportedOpError: op types with no converter (all listed, with node names).
+        UnsupportedOpError: op types with no converter, or of a domain whose op the importer
+            does not implement (all listed, with node names); an opset newer than it knows.
         ShapeError: an input dim is unknown and not given, or symbolic dims cannot be kept.
         ImportFailure: a node failed to convert (named).
     """
@@ -169,8 +204,11 @@ def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None
     missing = unsupported_ops(model)
     if missing:
         raise UnsupportedOpError(_unsupported_message(model, missing))
+    too_new = opset_verdict(model)
+    if too_new and not allow_newer_opset:
+        raise UnsupportedOpError(too_new)
 
-    opset = model_opset(model)
+    opset = min(model_opset(model), newest_known_opset())
     shape_dict = {i.name: list(i.shape) for i in inputs if i.name in overrides}
     dtype_dict = {i.name: carrier_name(i.dtype) for i in inputs}
     importer = _make_importer_class()(shape_dict, dtype_dict, keep_params_in_input=False,

@@ -27,6 +27,7 @@ class ModelInfo:
     flops: int
     flops_note: str
     unsupported: dict[str, list[str]] = field(default_factory=dict)
+    opset_refusal: str | None = None  # why the opset is refused (newer than the importer knows)
 
     def to_json(self) -> dict:
         d = dict(self.__dict__)
@@ -106,7 +107,7 @@ def inspect_model(path: str | Path, model=None) -> ModelInfo:
     """Describe a model: signature, op histogram, parameters, FLOPs, unsupported ops."""
     import onnx
 
-    from .frontend import model_opset, unsupported_ops
+    from .frontend import model_opset, opset_verdict, unsupported_ops
     from .narrow_types import by_onnx
     from .onnx_model import load_onnx
 
@@ -137,4 +138,5 @@ def inspect_model(path: str | Path, model=None) -> ModelInfo:
         op_histogram=dict(Counter(n.op_type for n in model.graph.node).most_common()),
         node_count=len(model.graph.node), parameter_count=params, parameter_bytes=pbytes,
         flops=flops, flops_note=note, unsupported=unsupported_ops(model),
+        opset_refusal=opset_verdict(model),
     )

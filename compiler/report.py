@@ -33,6 +33,8 @@ def print_model_info(info) -> None:
     for op, n in info.op_histogram.items():
         t.add_row(op, str(n))
     console.print(t)
+    if info.opset_refusal:
+        console.print(f"[red]refused:[/] {info.opset_refusal}")
     if info.unsupported:
         console.print("[red]unsupported by the importer:[/]")
         for op, nodes in info.unsupported.items():
