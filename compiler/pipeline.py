@@ -15,6 +15,10 @@ from .errors import BuildError
 # Relax VM execution modes. "compiled" removes the interpreter but measured no faster on the
 # bundled models (VM dispatch is ~0.1 us per call there; tools/profile_overhead.py): default stays.
 EXEC_MODES = ("bytecode", "compiled")
+# Who computes the heavy CPU kernels (conv2d, matmul): tvmopt's default schedules ("codegen"),
+# oneDNN through a tvm-ffi extension wherever a pattern takes the kernel ("library"; the rest
+# stays codegen), or "auto": the library where it can be built and loaded, codegen otherwise.
+DISPATCH = ("codegen", "library", "auto")
 
 
 @dataclass
@@ -35,11 +39,25 @@ class PipelineConfig:
     extra_passes: list = field(default_factory=list)
     weight_prepack: bool = False
     exec_mode: str = "bytecode"
+    dispatch: str = "codegen"
+    # NHWC convolutions (the default schedules' layout). None: on unless a tuning database is
+    # applied, since its records were tuned on the NCHW functions tuning extracted.
+    channels_last: bool | None = None
+    # What the phases decided that the user should hear (e.g. the library fell back), and
+    # the per-kernel library/codegen decisions with their timings.
+    notes: list = field(default_factory=list)
+    dispatch_choices: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.exec_mode not in EXEC_MODES:
             raise BuildError(f"unknown Relax VM exec_mode '{self.exec_mode}' "
                              f"(choose {' or '.join(EXEC_MODES)})")
+        if self.dispatch not in DISPATCH:
+            raise BuildError(f"unknown dispatch '{self.dispatch}' (choose {', '.join(DISPATCH)})")
+
+    @property
+    def use_channels_last(self) -> bool:
+        return self.database is None if self.channels_last is None else self.channels_last
 
 
 def _simplify(target, cfg):
@@ -75,6 +93,52 @@ def _fast_math(target, cfg):
     return [fast_math_static]
 
 
+def _layout(target, cfg):
+    from .kernels import layout
+
+    if not cfg.use_channels_last:
+        return []
+    # HWIO: the default schedules' weight packing reads it contiguously along the output
+    # channel (OHWI measured 45x slower there); oneDNN takes it as it is.
+    return layout.channels_last("HWIO")
+
+
+def _dispatch_library(target, cfg):
+    import tvm
+
+    if cfg.dispatch == "codegen" or not _is_x86(target):
+        return []
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmopt.DispatchOneDNN")
+    def dispatch(mod, ctx):
+        from .kernels import dispatch as choose, onednn
+
+        try:
+            onednn.load_extension()
+        except Exception as err:  # noqa: BLE001 - a missing library falls back, never fails
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            note = f"oneDNN unavailable ({reason}): default schedules used for every kernel"
+            if note not in cfg.notes:
+                cfg.notes.append(note)
+            return mod
+        part = onednn.partition(mod)
+        # The two sides of each timing, built the way the final module will be.
+        plain = PipelineConfig(dispatch="codegen", channels_last=False)
+        keep, cfg.dispatch_choices = choose.choose(
+            part, target,
+            build_codegen=lambda m: build(m, target, "cpu", plain),
+            build_library=lambda m: build(onednn.lower(m), target, "cpu", plain),
+            ext_id=onednn.extension_id(), force="library" if cfg.dispatch == "library" else None)
+        return onednn.lower(part, keep)
+
+    return [dispatch]
+
+
+def _is_x86(target) -> bool:
+    triple = str(target.attrs.get("mtriple", "") or "")
+    return target.kind.name == "llvm" and (not triple or triple.startswith(("x86_64", "i686")))
+
+
 def _fuse_legalize(target, cfg):
     from tvm import relax
 
@@ -99,14 +163,20 @@ def _apply_database(target, cfg):
     return apply
 
 
-def _dlight_cpu(target, cfg):
+def _schedule_cpu(target, cfg):
     from tvm.s_tir import dlight as dl
 
+    from .kernels import cpu
     from .schedule_guard import guarded  # a rule that raises passes the kernel on (recorded)
 
-    # GEMV asserts on some fused reductions (`assert s_loops`, e.g. ReduceLogSumExp keepdims);
-    # a kernel no rule takes keeps LLVM's default loop nest: correct, unvectorized.
-    return [dl.ApplyDefaultSchedule(guarded(dl.cpu.GEMV()), guarded(dl.cpu.Reduction()))]
+    # Contractions, pooling and elementwise kernels get register-tiled, parallel, vectorized
+    # schedules; reductions the contraction rule declines (softmax, norms) go on to dlight's
+    # GEMV/Reduction (GEMV asserts on some fused reductions, e.g. ReduceLogSumExp keepdims).
+    # Kernels a database already scheduled are skipped; a kernel no rule takes keeps LLVM's
+    # default loop nest: correct, unvectorized.
+    rules = [guarded(r) for r in cpu.default_rules(cpu.CPUParams.from_target(target))]
+    # The rules pack weights through layout-rewrite blocks: fold those into the constants.
+    return [dl.ApplyDefaultSchedule(*rules), *cpu.post_schedule_passes()]
 
 
 def _dlight_gpu(target, cfg):
@@ -133,9 +203,9 @@ Phase = tuple[str, Callable]
 
 # The one table of per-device behaviour.
 PHASES: dict[str, list[Phase]] = {
-    "cpu": [("simplify", _simplify), ("precision", _precision), ("fastmath", _fast_math),
-            ("fuse", _fuse_legalize),
-            ("database", _apply_database), ("dlight", _dlight_cpu), ("lower", _lower)],
+    "cpu": [("simplify", _simplify), ("precision", _precision), ("layout", _layout),
+            ("dispatch", _dispatch_library), ("fastmath", _fast_math), ("fuse", _fuse_legalize),
+            ("database", _apply_database), ("schedule", _schedule_cpu), ("lower", _lower)],
     "cuda": [("simplify", _simplify), ("precision", _precision), ("fuse", _fuse_legalize),
              ("database", _apply_database), ("dlight", _dlight_gpu), ("lower", _lower)],
 }

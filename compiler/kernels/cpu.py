@@ -1,0 +1,564 @@
+"""Default (untuned) CPU schedules for fused Relax PrimFuncs.
+
+The wheel's ``dl.cpu`` only has GEMV and Reduction, so convolutions and matmuls otherwise
+run as LLVM's naive loop nests.  These rules give every contraction an output-stationary
+register tile: the reduction loops sit outside a small ``rows x (vectors * lanes)`` block
+of accumulators that LLVM keeps in registers, the outermost tile loops are fused and
+parallelised, and fused elementwise epilogues run on the tile while it is still hot.
+
+Usage::
+
+    mod = tvm.ir.transform.Sequential(layout.channels_last())(mod)   # before LegalizeOps
+    ...LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR...
+    with target:
+        mod = dl.ApplyDefaultSchedule(*default_rules())(mod)
+
+Every rule returns None for anything it does not recognise, and any schedule error
+makes it return None as well, so the next rule (or the unscheduled loop nest) is used.
+Schedule primitives check their own legality, so a rule can be slow but not wrong.
+"""
+
+import os
+import traceback
+
+import tvm
+from tvm import relax, s_tir, tirx
+from tvm.s_tir.dlight import ScheduleRule
+from tvm.s_tir.dlight import cpu as dl_cpu
+from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr, normalize_prim_func
+from tvm.target import Target
+from tvm.target.codegen import llvm_get_vector_width
+
+# TVMOPT_DEBUG_RULES=1 prints why a rule fell through (the kernel goes to the next rule).
+_DEBUG = os.environ.get("TVMOPT_DEBUG_RULES", "") not in ("", "0")
+
+
+def _fell_through():
+    if _DEBUG:
+        traceback.print_exc()
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Target description
+# ---------------------------------------------------------------------------------------
+
+
+_AVX512_CPUS = {
+    "skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
+    "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
+    "graniterapids", "znver4", "znver5", "x86-64-v4",
+}
+_AVX2_CPUS = {
+    "haswell", "broadwell", "skylake", "core-avx2", "alderlake", "raptorlake", "meteorlake",
+    "znver1", "znver2", "znver3", "x86-64-v3",
+}
+
+
+class CPUParams:
+    """What the schedules need to know about the CPU."""
+
+    def __init__(self, vector_bits: int, num_vector_regs: int):
+        self.vector_bits = vector_bits
+        self.num_vector_regs = num_vector_regs
+
+    @staticmethod
+    def from_target(target: Target) -> "CPUParams":
+        mcpu = str(target.attrs.get("mcpu", "") or "")
+        mattr = [str(a) for a in (target.attrs.get("mattr", None) or [])]
+        triple = str(target.attrs.get("mtriple", "") or "")
+        if triple.startswith(("aarch64", "arm64")) or any("neon" in a for a in mattr):
+            return CPUParams(128, 32)
+        # llvm_get_vector_width answers for the host, not for the mcpu asked for, so the
+        # ISA named in the target wins.
+        if "+avx512f" in mattr or mcpu in _AVX512_CPUS:
+            return CPUParams(512, 32)
+        if "+avx2" in mattr or mcpu in _AVX2_CPUS:
+            return CPUParams(256, 16)
+        bits = 0
+        try:
+            bits = int(llvm_get_vector_width(target))
+        except Exception:  # pylint: disable=broad-except
+            bits = 0
+        if bits <= 0:
+            bits = 128
+        return CPUParams(bits, 32 if bits >= 512 else 16)
+
+    def lanes(self, dtype: str) -> int:
+        return max(self.vector_bits // tvm_dtype_bits(dtype), 1)
+
+
+def tvm_dtype_bits(dtype) -> int:
+    return tvm.DataType(str(dtype)).bits
+
+
+def _is_llvm(target: Target) -> bool:
+    return target is not None and target.kind.name == "llvm"
+
+
+# ---------------------------------------------------------------------------------------
+# Small analysis helpers
+# ---------------------------------------------------------------------------------------
+
+
+def _const_int(x):
+    if isinstance(x, int):
+        return x
+    return int(x.value) if isinstance(x, tirx.IntImm) else None
+
+
+def _extent(sch, loop):
+    return _const_int(sch.get(loop).extent)
+
+
+def _uses(expr, var) -> bool:
+    return any(v.same_as(var) for v in collect_vars_used_in_prim_expr(expr))
+
+
+def _unit_stride_in(index, var) -> bool:
+    """Whether ``index`` is ``var`` plus terms that do not depend on ``var``."""
+    if isinstance(index, tirx.Var):
+        return index.same_as(var)
+    if isinstance(index, tirx.Add):
+        a_has, b_has = _uses(index.a, var), _uses(index.b, var)
+        if a_has and not b_has:
+            return _unit_stride_in(index.a, var)
+        if b_has and not a_has:
+            return _unit_stride_in(index.b, var)
+    return False
+
+
+def _divisors_leq(n, cap):
+    return [d for d in range(min(n, cap), 0, -1) if n % d == 0]
+
+
+def _vectorize_tail(sch, block, lanes):
+    """Vectorize the innermost loop of ``block`` by at most ``lanes``."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    inner = loops[-1]
+    ext = _extent(sch, inner)
+    if ext is None or ext <= 1:
+        return
+    if ext <= lanes:
+        sch.vectorize(inner)
+    elif ext % lanes == 0:
+        _, vec = sch.split(inner, factors=[None, lanes])
+        sch.vectorize(vec)
+
+
+def _parallel_vectorize(sch, block, lanes, max_inner=None):
+    """Parallelise the outer loops and vectorize the innermost one of a spatial block."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    inner_ext = _extent(sch, loops[-1])
+    if len(loops) > 1 and inner_ext is not None and inner_ext >= lanes:
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        sch.parallel(outer)
+        _vectorize_tail(sch, block, lanes)
+        return
+    # Short innermost extent: treat the whole nest as one flat loop.
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    ext = _extent(sch, fused)
+    if ext is not None and ext % lanes == 0 and ext > lanes:
+        outer, vec = sch.split(fused, factors=[None, lanes])
+        sch.parallel(outer)
+        sch.vectorize(vec)
+    elif ext is None or ext > 1:
+        sch.parallel(fused)
+
+
+def _inline_spatial_producers(sch, blocks, keep):
+    """Inline every spatial block except ``keep`` where TVM allows it; return the rest."""
+    remaining = []
+    for info in blocks:
+        if info.block_rv in keep or not info.is_injective():
+            remaining.append(info)
+            continue
+        try:
+            sch.compute_inline(info.block_rv)
+        except Exception:  # pylint: disable=broad-except
+            remaining.append(info)
+    return remaining
+
+
+# ---------------------------------------------------------------------------------------
+# Contractions: matmul, conv2d, pooling
+# ---------------------------------------------------------------------------------------
+
+
+class _Contraction:
+    """Index analysis of the single reduction block of a fused PrimFunc."""
+
+    def __init__(self, sch, info):
+        self.block = info.block_rv
+        stmt = sch.get(self.block)
+        self.stmt = stmt
+        self.spatial = [it for it in info.iters if it.kind == "S"]
+        self.reduce = [it for it in info.iters if it.kind == "R"]
+        self.loops = [it.loop_rv for it in info.iters]
+        self.order_ok = all(it.kind == "S" for it in info.iters[: len(self.spatial)])
+        self.reads = list(stmt.reads)
+        self.write = stmt.writes[0] if len(stmt.writes) == 1 else None
+        self.dtype = self.write.source.dtype if self.write is not None else "float32"
+
+    def write_is_spatial_identity(self) -> bool:
+        if self.write is None:
+            return False
+        # normalize_prim_func drops unit iterators, which leaves constant indices behind.
+        idx = [r.min for r in self.write.region if not isinstance(r.min, tirx.IntImm)]
+        svars = [it.var for it in self.spatial]
+        if len(idx) != len(svars):
+            return False
+        return all(isinstance(i, tirx.Var) and i.same_as(v) for i, v in zip(idx, svars))
+
+    def readers_of(self, var):
+        """Read regions whose index uses ``var``."""
+        return [r for r in self.reads if any(_uses(rg.min, var) for rg in r.region)]
+
+    def innermost_index_is_reduction(self, region) -> bool:
+        """Whether the operand's contiguous axis is walked by reduction iterators only."""
+        last = region.region[-1].min if region.region else None
+        if last is None:
+            return False
+        uses_reduce = any(_uses(last, it.var) for it in self.reduce)
+        uses_spatial = any(_uses(last, it.var) for it in self.spatial)
+        return uses_reduce and not uses_spatial
+
+
+class ContractionRule(ScheduleRule):
+    """Register-tiled schedule for a PrimFunc with one reduction block.
+
+    The vector axis is the innermost output axis; the row axis is an output axis whose
+    operands are disjoint from the vector axis's operands (matmul ``i``, NHWC conv ``x``,
+    NCHW conv ``f``), so each loaded vector is reused across rows and each broadcast
+    scalar across vectors.  Subclasses only decide which reduction blocks they accept.
+    """
+
+    def __init__(self, params: CPUParams | None = None, pack_weights: bool = True):
+        self.params = params
+        self.pack_weights = pack_weights
+
+    def accepts(self, c: _Contraction) -> bool:  # pylint: disable=unused-argument
+        return True
+
+    def is_target_available(self, target: Target) -> bool:
+        return _is_llvm(target)
+
+    def apply(self, func, target, tunable):  # pylint: disable=unused-argument
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        try:
+            return self._apply(func, target)
+        except Exception:  # pylint: disable=broad-except
+            return _fell_through()
+
+    def _apply(self, func, target):
+        params = self.params or CPUParams.from_target(target)
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        reductions = [b for b in infos if b.is_reduction()]
+        if len(reductions) != 1 or any(
+            not (b.is_reduction() or b.is_injective()) for b in infos
+        ):
+            return None
+        main_info = reductions[0]
+        c = _Contraction(sch, main_info)
+        if not c.spatial or not c.reduce or not c.order_ok:
+            return None
+        if not c.write_is_spatial_identity() or not self.accepts(c):
+            return None
+        # Reductions along every operand's contiguous axis (layer norm, softmax, A @ B^T)
+        # get nothing from vectorizing an output axis: leave them to GEMV / Reduction.
+        if all(c.innermost_index_is_reduction(r) for r in c.reads):
+            return None
+        main_pos = infos.index(main_info)
+        producers = infos[:main_pos]
+        consumers = infos[main_pos + 1 :]
+        lanes = params.lanes(c.dtype)
+        tile = self._choose_tile(sch, c, lanes, params)
+        if tile is None:
+            return None
+
+        # Epilogue: chain of elementwise blocks -> inline all but the last into it.
+        epilogue = None
+        if consumers:
+            keep = {consumers[-1].block_rv}
+            rest = _inline_spatial_producers(sch, consumers, keep)
+            if len(rest) == 1:
+                epilogue = rest[0].block_rv
+            else:
+                epilogue = None
+                leftover = [b.block_rv for b in rest]
+        else:
+            leftover = []
+        if epilogue is not None:
+            leftover = []
+
+        if self.pack_weights:
+            self._pack_weight(sch, c, tile)
+        outer, first_reduce = self._tile_main(sch, c, tile, lanes)
+        if epilogue is not None:
+            sch.set_scope(c.block, 0, "local")
+            sch.reverse_compute_at(epilogue, outer, preserve_unit_loops=True)
+            self._vectorize_under(sch, epilogue, outer, lanes)
+        else:
+            wb = sch.cache_write(c.block, 0, "local")
+            sch.reverse_compute_at(wb, outer, preserve_unit_loops=True)
+            self._vectorize_under(sch, wb, outer, lanes)
+            for blk in leftover:
+                _parallel_vectorize(sch, blk, lanes)
+        init = sch.decompose_reduction(c.block, first_reduce)
+        self._vectorize_under(sch, init, outer, lanes)
+
+        # Producers (padding, fused transposes) run as their own vectorized pass: one
+        # extra sweep over the input is cheap next to the contraction itself.
+        for info in producers:
+            _parallel_vectorize(sch, info.block_rv, lanes)
+        return sch
+
+    # -- tiling -----------------------------------------------------------------------
+
+    def _choose_tile(self, sch, c, lanes, params):
+        """Pick (vec iter, nvec, row iter, rows) for the register tile."""
+        # Vector axis: innermost output axis with extent > 1.
+        vec = None
+        for it in reversed(c.spatial):
+            ext = _const_int(it.dom)
+            if ext is None or ext > 1:
+                vec = it
+                break
+        if vec is None:
+            return None
+        vec_ext = _const_int(vec.dom)
+        if vec_ext is None:
+            return None
+        vec_readers = {r.source for r in c.readers_of(vec.var)}
+        # Operands indexed by the vector axis must not stride along it, or every vector
+        # load becomes a gather; pooling over NCHW (stride 2 along x) is the usual case
+        # that still passes with a unit stride only when the pooling stride is 1.
+        strided = any(
+            not _unit_stride_in(r.region[-1].min, vec.var)
+            for r in c.readers_of(vec.var)
+            if r.region
+        )
+
+        budget = params.num_vector_regs - 4
+        if vec_ext % lanes == 0:
+            nvec_total, width = vec_ext // lanes, lanes
+        else:
+            nvec_total, width = 1, vec_ext if vec_ext < lanes else None
+            if width is None:
+                # Ragged innermost axis: vectorize a divisor so no predicate is needed.
+                width = next((d for d in _divisors_leq(vec_ext, lanes) if d > 1), 1)
+                nvec_total = vec_ext // width
+
+        # Row axis: an output axis whose operands do not share the vector axis's operands.
+        row = None
+        if not strided:
+            for it in reversed(c.spatial):
+                if it is vec:
+                    continue
+                ext = _const_int(it.dom)
+                if ext == 1:
+                    continue
+                readers = {r.source for r in c.readers_of(it.var)}
+                if readers and not readers & vec_readers:
+                    row = it
+                    break
+        best = None
+        for nv in _divisors_leq(nvec_total, 4):
+            if row is None:
+                rows_opts = [1]
+            else:
+                row_ext = _const_int(row.dom)
+                if row_ext is None:
+                    rows_opts = [4]
+                else:
+                    rows_opts = _divisors_leq(row_ext, 8)
+            for rt in rows_opts:
+                if rt * nv > budget:
+                    continue
+                key = (rt * nv, -(rt + nv))
+                if best is None or key > best[0]:
+                    best = (key, nv, rt)
+        if best is None:
+            return None
+        _, nv, rt = best
+        return vec, width, nv, row, rt
+
+    @staticmethod
+    def _pack_weight(sch, c, tile):
+        """Re-lay the stationary operand out as [vec_o, ..., vec tile] (e.g. OHWI32o).
+
+        In HWIO/[K, N] order consecutive reduction steps are a full row apart, so a tile's
+        weight stream crosses a 4 KiB page every few steps and the prefetcher gives up;
+        blocked, it is one contiguous stream.  The copy is a layout-rewrite preproc block:
+        SplitLayoutRewritePreproc + FoldConstant (post_schedule_passes) run it at compile
+        time when the weight is a constant.
+        """
+        vec, width, nv, _, _ = tile
+        block_n = width * nv
+        params = set()
+        func = sch.mod["main"]
+        for p in func.params:
+            params.add(p.name)
+        reduce_vars = [it.var for it in c.reduce]
+        for idx, region in enumerate(c.reads):
+            buf = region.source
+            if buf.name not in params or not region.region:
+                continue
+            indices = [rg.min for rg in region.region]
+            if not (isinstance(indices[-1], tirx.Var) and indices[-1].same_as(vec.var)):
+                continue
+            others = [it.var for it in c.spatial if not it.var.same_as(vec.var)]
+            if any(_uses(i, v) for i in indices for v in others):
+                continue
+            if not all(any(_uses(i, v) for v in reduce_vars) for i in indices[:-1]):
+                continue
+            n = _const_int(buf.shape[-1])
+            if n is None or n % block_n != 0 or n == block_n:
+                return
+            cached = sch.cache_read(c.block, idx, "global")
+            sch.transform_layout(
+                c.block,
+                ("read", idx),
+                lambda *ax: (ax[-1] // block_n, *ax[:-1], ax[-1] % block_n),
+            )
+            sch.annotate(cached, "meta_schedule.layout_rewrite_preproc", True)
+            return
+
+    def _tile_main(self, sch, c, tile, lanes):  # pylint: disable=unused-argument
+        vec, width, nv, row, rt = tile
+        loop_of = {it.var: it.loop_rv for it in c.spatial + c.reduce}
+        vec_o, vec_t, vec_i = sch.split(loop_of[vec.var], factors=[None, nv, width])
+        if row is not None and rt > 1:
+            row_o, row_i = sch.split(loop_of[row.var], factors=[None, rt])
+        elif row is not None:
+            row_o, row_i = loop_of[row.var], None
+        else:
+            row_o = row_i = None
+
+        # Outer order: axes that index the vector operand (batch of B) first, then the
+        # vector tile so that one slice of B stays in cache across the other axes.
+        vec_readers = {r.source for r in c.readers_of(vec.var)}
+        batch_of_vec, others = [], []
+        for it in c.spatial:
+            if it is vec or it is row:
+                continue
+            readers = {r.source for r in c.readers_of(it.var)}
+            (batch_of_vec if readers & vec_readers else others).append(loop_of[it.var])
+        outer = batch_of_vec + [vec_o] + others + ([row_o] if row_o is not None else [])
+        inner = ([row_i] if row_i is not None else []) + [vec_t, vec_i]
+        reduce_loops = [loop_of[it.var] for it in c.reduce]
+        sch.reorder(*outer, *reduce_loops, *inner)
+        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        sch.parallel(fused)
+        for lp in inner[:-1]:
+            sch.unroll(lp)
+        if width > 1:
+            sch.vectorize(vec_i)
+        return fused, reduce_loops[0]
+
+    @staticmethod
+    def _vectorize_under(sch, block, outer, lanes):
+        """Unroll the loops a block got under the tile and vectorize the innermost."""
+        loops = sch.get_loops(block)
+        idx = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(outer)))
+        below = loops[idx + 1 :]
+        if not below:
+            return
+        inner = below[-1]
+        ext = _extent(sch, inner)
+        if ext is not None and ext > lanes and ext % lanes == 0:
+            head, inner = sch.split(inner, factors=[None, lanes])
+            below = below[:-1] + [head, inner]
+        for lp in below[:-1]:
+            if _extent(sch, lp) is not None:
+                sch.unroll(lp)
+        if ext is not None and ext > 1:
+            sch.vectorize(inner)
+
+
+def _is_mac(c: _Contraction) -> bool:
+    return len(c.reads) >= 2
+
+
+class MatmulRule(ContractionRule):
+    """dense / matmul / batch_matmul with a single reduction axis."""
+
+    def accepts(self, c):
+        return _is_mac(c) and len(c.reduce) == 1
+
+
+class Conv2dRule(ContractionRule):
+    """conv2d (NCHW or NHWC, grouped, depthwise, strided, padded)."""
+
+    def accepts(self, c):
+        return _is_mac(c) and len(c.reduce) >= 2
+
+
+class PoolRule(ContractionRule):
+    """Window and global pooling, mean: one operand, reduction over spatial axes."""
+
+    def accepts(self, c):
+        return len(c.reads) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# Elementwise / injective
+# ---------------------------------------------------------------------------------------
+
+
+class ElementwiseRule(ScheduleRule):
+    """Spatial-only PrimFuncs: inline what can be inlined, parallel outer, vector inner."""
+
+    def __init__(self, params: CPUParams | None = None):
+        self.params = params
+
+    def is_target_available(self, target: Target) -> bool:
+        return _is_llvm(target)
+
+    def apply(self, func, target, tunable):  # pylint: disable=unused-argument
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        try:
+            params = self.params or CPUParams.from_target(target)
+            sch = s_tir.Schedule(func)
+            infos = normalize_prim_func(sch)
+            if infos is None or not infos or not all(b.is_injective() for b in infos):
+                return None
+            outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(sch.get_sblock("root"))}
+            keep = {b.block_rv for b in infos if sch.get(b.block_rv).name_hint in outputs}
+            rest = _inline_spatial_producers(sch, infos, keep)
+            for info in rest:
+                dtype = sch.get(info.block_rv).writes[0].source.dtype
+                _parallel_vectorize(sch, info.block_rv, params.lanes(dtype))
+            return sch
+        except Exception:  # pylint: disable=broad-except
+            return _fell_through()
+
+
+def post_schedule_passes():
+    """Relax passes after ApplyDefaultSchedule: fold the packed-weight copies."""
+    return [
+        relax.transform.SplitLayoutRewritePreproc(),
+        relax.transform.FoldConstant(),
+        relax.transform.DeadCodeElimination(),
+    ]
+
+
+def default_rules(params: CPUParams | None = None):
+    """Rule order for ``dl.ApplyDefaultSchedule``: specific first, fallbacks last."""
+    return [
+        MatmulRule(params),
+        Conv2dRule(params),
+        PoolRule(params),
+        dl_cpu.GEMV(),
+        dl_cpu.Reduction(),
+        ElementwiseRule(params),
+    ]

@@ -1,0 +1,224 @@
+"""Per-kernel choice between oneDNN and the default schedules, by a short timing on this host.
+
+Every conv2d / matmul chain oneDNN can take is timed both ways, each in isolation with its real
+weights: all candidates go into one module per side (two builds in all), and each is timed with
+the VM's time_evaluator. The faster side wins; a library call must beat the codegen kernel by
+`MARGIN` to be chosen, since it also costs a dispatch and a dependency. Timings are cached per
+(workload, target, TVM and extension version, CPU model, threads), so a second compile of the
+same shapes does not re-time.
+
+The module is pure: `build` (module -> VM executable, the pipeline's codegen path) is passed in,
+so this sits below the pipeline that calls it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+MARGIN = 0.95  # library chosen when library_ms < MARGIN * codegen_ms
+_CACHE_NAME = "dispatch-timings.json"
+
+
+@dataclass
+class Choice:
+    """One workload's decision (every call site with these shapes gets it)."""
+
+    kernel: str  # pattern and shapes (workload_key)
+    sites: int  # call sites in the model
+    choice: str  # "library" or "codegen"
+    library_ms: float | None
+    codegen_ms: float | None
+    cached: bool = False
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TVMOPT_CACHE_DIR", Path("~/.cache/tvmopt").expanduser()))
+
+
+def _host_id() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                        "")
+    except OSError:
+        return ""
+
+
+def _threads() -> str:
+    return os.environ.get("TVM_NUM_THREADS", str(os.cpu_count()))
+
+
+def _cache_key(kernel: str, target_text: str, ext_id: str) -> str:
+    import tvm
+
+    text = "\n".join([kernel, target_text, tvm.__version__, ext_id, _host_id(), _threads()])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+class TimingCache:
+    """A JSON file of measured kernel pairs; unreadable or foreign entries are ignored."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or cache_dir() / _CACHE_NAME
+        try:
+            self.data = json.loads(self.path.read_text())
+            if not isinstance(self.data, dict):
+                self.data = {}
+        except (OSError, ValueError):
+            self.data = {}
+
+    def get(self, key: str):
+        v = self.data.get(key)
+        ok = isinstance(v, dict) and {"library_ms", "codegen_ms"} <= set(v)
+        return (v["library_ms"], v["codegen_ms"]) if ok else None
+
+    def put(self, key: str, kernel: str, library_ms, codegen_ms) -> None:
+        self.data[key] = {"kernel": kernel, "library_ms": library_ms, "codegen_ms": codegen_ms}
+
+    def save(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.data, indent=0, sort_keys=True))
+            os.replace(tmp, self.path)  # atomic: two compiles at once never corrupt it
+        except OSError:
+            pass  # a read-only home only costs a re-timing next time
+
+
+def _call_sites(mod, groups) -> dict:
+    """Composite GlobalVar -> the args of its (single) call site."""
+    from tvm import relax
+
+    sites = {}
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, relax.GlobalVar) and e.op in groups:
+            sites[e.op] = list(e.args)
+
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function) and gv not in groups:
+            relax.analysis.post_order_visit(func, visit)
+    return sites
+
+
+def _kernel_function(func, args):
+    """The composite as a plain function of its non-constant inputs, weights bound in."""
+    from .layout import _const_array
+
+    binds = {p: a for p, a in zip(func.params, args) if _const_array(a) is not None}
+    plain = func
+    for attr in ("Composite", "Primitive"):
+        if plain.attrs is not None and attr in plain.attrs:
+            plain = plain.without_attr(attr)
+    return plain.bind_params(binds) if binds else plain
+
+
+def _time(vm, name: str, inputs, dev) -> float:
+    """Best-of-5 ms of `name`, each sample a batch of calls lasting ~6 ms."""
+    f = vm[name]
+    f(*inputs)  # first call: oneDNN reorders its weights then; not a steady-state cost
+    t0 = time.perf_counter()
+    f(*inputs)
+    one = max(time.perf_counter() - t0, 1e-6)
+    number = max(1, min(200, int(0.006 / one)))
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            f(*inputs)
+        samples.append((time.perf_counter() - t0) / number)
+    # The minimum: other processes and the other runtime's thread pool only ever add time.
+    return float(np.min(samples) * 1e3)
+
+
+def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | None = None,
+           cache: TimingCache | None = None):
+    """Decide, per oneDNN group of `mod` (from onednn.partition), library or codegen.
+
+    Args:
+        build_codegen: IRModule -> VM executable through the default schedules.
+        build_library: IRModule -> VM executable whose composites are lowered to packed calls.
+        ext_id: the extension's identity (its build hash), part of the cache key.
+        force: "library" or "codegen" to skip timing.
+
+    Returns:
+        (GlobalVars to keep as library calls, list of Choice).
+    """
+    import tvm
+    from tvm import relax
+
+    from . import onednn
+
+    groups = onednn.composites(mod)
+    if not groups:
+        return set(), []
+    sites = _call_sites(mod, groups)
+    by_key: dict[str, list] = {}
+    for gv, func in groups.items():
+        by_key.setdefault(onednn.workload_key(func), []).append(gv)
+    if force in ("library", "codegen"):
+        choices = [Choice(k, len(g), force, None, None, reason=f"--dispatch {force}")
+                   for k, g in by_key.items()]
+        keep = set(groups) if force == "library" else set()
+        return keep, choices
+
+    cache = cache or TimingCache()
+    target_text = str(target)
+    timed, todo = {}, []
+    for k in by_key:
+        hit = cache.get(_cache_key(k, target_text, ext_id))
+        if hit is not None:
+            timed[k] = (*hit, True)
+        else:
+            todo.append(k)
+    if todo:
+        lib_mod, cg_mod = tvm.IRModule(), tvm.IRModule()
+        feeds = {}
+        rng = np.random.default_rng(0)
+        for i, k in enumerate(todo):
+            gv = by_key[k][0]
+            func = _kernel_function(groups[gv], sites[gv])
+            name = f"tvmopt_kernel_{i}"
+            cg_mod[name] = func.with_attr("global_symbol", name)
+            params = [relax.Var(p.name, p.ty) for p in func.params]
+            lib_mod[gv] = groups[gv]
+            bound = dict(zip(groups[gv].params, sites[gv]))
+            call_args, it = [], iter(params)
+            for p in groups[gv].params:
+                a = bound[p]
+                call_args.append(a if not isinstance(a, relax.Var) else next(it))
+            lib_mod[name] = relax.Function(params, relax.Call(gv, call_args), func.ret_ty) \
+                .with_attr("global_symbol", name)
+            feeds[name] = [rng.standard_normal([int(d) for d in p.ty.shape.values])
+                           .astype(str(p.ty.dtype)) for p in func.params]
+        dev = tvm.cpu()
+        vm_cg = relax.VirtualMachine(build_codegen(cg_mod), dev)
+        vm_lib = relax.VirtualMachine(build_library(lib_mod), dev)
+        for i, k in enumerate(todo):
+            name = f"tvmopt_kernel_{i}"
+            inputs = [tvm.runtime.tensor(a, dev) for a in feeds[name]]
+            lib_ms, cg_ms = _time(vm_lib, name, inputs, dev), _time(vm_cg, name, inputs, dev)
+            timed[k] = (lib_ms, cg_ms, False)
+            cache.put(_cache_key(k, target_text, ext_id), k, lib_ms, cg_ms)
+        cache.save()
+    keep, choices = set(), []
+    for k, gvs in by_key.items():
+        lib_ms, cg_ms, cached = timed[k]
+        lib = lib_ms < MARGIN * cg_ms
+        if lib:
+            keep |= set(gvs)
+        choices.append(Choice(k, len(gvs), "library" if lib else "codegen", round(lib_ms, 4),
+                              round(cg_ms, 4), cached,
+                              "faster by timing" if lib else "codegen as fast or faster"))
+    return keep, choices

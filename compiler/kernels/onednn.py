@@ -1,0 +1,579 @@
+"""Offload fp32 conv2d / matmul chains of a Relax module to oneDNN.
+
+Two halves:
+
+* ``build_extension`` / ``load_extension`` compile ``onednn_ext.cc`` (next to this file) into a
+  tvm-ffi library that registers the global functions ``tvmopt.onednn.conv2d`` and
+  ``tvmopt.onednn.matmul``. The Relax VM resolves ``R.call_dps_packed`` names in the global
+  function registry when it runs, so the library must be loaded in the process first (also
+  before running an exported module that was built with ``dispatch_onednn``).
+* ``dispatch_onednn`` rewrites high-level Relax ops (before ``LegalizeOps``) into
+  ``R.call_dps_packed`` calls of those functions.
+
+The calling convention (argument order and the int64 attrs vector) is shared with
+``onednn_ext.cc``: change both together. ``R.call_dps_packed`` passes the listed arguments
+and then the output tensor, so the attrs ``R.shape`` sits just before the output.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import tvm
+import tvm_ffi
+
+from tvm import relax
+from tvm.relax.dpl import is_const, is_op, wildcard
+
+from .layout import _const_array, _static_f32_shape, channels_last, lift_clip
+
+CONV_FUNC = "tvmopt.onednn.conv2d"
+MATMUL_FUNC = "tvmopt.onednn.matmul"
+_PREFIX = "tvmopt_onednn."
+_SOURCE = Path(__file__).with_name("onednn_ext.cc")  # shipped inside the package
+
+# Activation codes understood by onednn_ext.cc.
+ACT_NONE, ACT_RELU, ACT_CLIP, ACT_GELU_ERF, ACT_GELU_TANH = 0, 1, 2, 3, 4
+# Conv layout modes: let oneDNN pick blocked activation layouts (reordered around each call),
+# or pin activations to NCHW.
+LAYOUT_AUTO, LAYOUT_PLAIN = 0, 1
+
+_loaded: dict[str, object] = {}
+
+
+# --------------------------------------------------------------------------------------------
+# Building and loading the extension
+# --------------------------------------------------------------------------------------------
+
+
+def find_onednn(root: str | None = None) -> tuple[Path, Path]:
+    """Return (include_dir, lib_dir) of a oneDNN install with dnnl.hpp and libdnnl.so.
+
+    PyPI's ``onednn-devel-cpu-gomp`` wheels put their files under the install prefix's
+    ``include/`` and ``lib/`` (``pip install --prefix DIR`` or a venv), not in site-packages.
+    """
+    candidates = []
+    for r in (root, os.environ.get("TVMOPT_ONEDNN_ROOT"), sys.prefix, sys.base_prefix,
+              "/usr/local", "/usr"):
+        if r:
+            candidates.append(Path(r))
+    for r in candidates:
+        inc = r / "include"
+        for lib in (r / "lib", r / "lib64", r / "lib" / "x86_64-linux-gnu"):
+            if (inc / "dnnl.hpp").exists() and glob.glob(str(lib / "libdnnl.so*")):
+                return inc, lib
+    raise FileNotFoundError(
+        "oneDNN not found (need include/dnnl.hpp and lib/libdnnl.so); install "
+        "onednn-cpu-gomp + onednn-devel-cpu-gomp or set TVMOPT_ONEDNN_ROOT. Searched: "
+        + ", ".join(str(c) for c in candidates)
+    )
+
+
+def _dnnl_header(inc: Path, name: str) -> str:
+    # The top-level headers are shims that include oneapi/dnnl/<name>.
+    real = inc / "oneapi" / "dnnl" / name
+    return (real if real.exists() else inc / name).read_text()
+
+
+def _onednn_version(inc: Path) -> str:
+    text = _dnnl_header(inc, "dnnl_version.h")
+    parts = [re.search(rf"#define DNNL_VERSION_{k}\s+(\S+)", text) for k in
+             ("MAJOR", "MINOR", "PATCH", "HASH")]
+    return ".".join(m.group(1).strip('"') for m in parts if m)
+
+
+def _threading_runtime(inc: Path) -> str:
+    text = _dnnl_header(inc, "dnnl_config.h")
+    m = re.search(r"#define DNNL_CPU_THREADING_RUNTIME\s+DNNL_RUNTIME_(\w+)", text)
+    return m.group(1) if m else "UNKNOWN"
+
+
+def build_extension(cache_dir: str | os.PathLike, onednn_root: str | None = None) -> str:
+    """Compile the extension once per (source, oneDNN, tvm-ffi, flags); return the .so path.
+
+    Raises FileNotFoundError when oneDNN is missing and RuntimeError when compiling fails.
+    """
+    inc, lib = find_onednn(onednn_root)
+    threading = _threading_runtime(inc)
+    if threading not in ("OMP", "SEQ"):
+        # TBB/SYCL builds need Intel runtimes that the PyPI wheels pull in separately
+        # (onednn 2026.x needs the DPC++ runtime); the thread control below assumes OpenMP.
+        raise RuntimeError(f"oneDNN at {inc.parent} uses {threading} threading; need OMP")
+    cflags = ["-O3", "-DNDEBUG", "-fopenmp"]
+    ldflags = [f"-L{lib}", "-ldnnl", f"-Wl,-rpath,{lib}", "-fopenmp"]
+    key = "\n".join([
+        _SOURCE.read_text(), _onednn_version(inc), str(lib), tvm_ffi.__version__,
+        " ".join(cflags + ldflags),
+    ])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    build_dir = Path(cache_dir) / f"tvmopt_onednn_{digest}"
+    out = build_dir / "tvmopt_onednn.so"
+    if out.exists():
+        return str(out)
+    return tvm_ffi.cpp.build(
+        name="tvmopt_onednn",
+        sources=[str(_SOURCE)],
+        extra_cflags=cflags,
+        extra_ldflags=ldflags,
+        extra_include_paths=[str(inc)],
+        build_directory=str(build_dir),
+    )
+
+
+def load_extension(cache_dir: str | os.PathLike | None = None, num_threads: int | None = None):
+    """Build if needed and load the extension, registering the ``tvmopt.onednn.*`` globals.
+
+    ``num_threads`` overrides TVM_NUM_THREADS for oneDNN's OpenMP pool; None keeps the
+    environment's choice (TVM_NUM_THREADS, else OpenMP's default).
+    """
+    if cache_dir is None:
+        cache_dir = os.environ.get(
+            "TVMOPT_CACHE_DIR", str(Path("~/.cache/tvmopt").expanduser()))
+    path = build_extension(cache_dir)
+    # Idle OpenMP workers spin by default; next to TVM's own thread pool and other processes
+    # that oversubscribes the cores and every oneDNN call waits out time slices. libgomp reads
+    # this once, when it is first loaded, so it must be set before the extension is.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if path not in _loaded:
+        # Keep the module object alive: the registered globals point into the library.
+        _loaded[path] = tvm_ffi.load_module(path)
+    if num_threads is not None:
+        tvm_ffi.get_global_func("tvmopt.onednn.set_num_threads")(int(num_threads))
+    return _loaded[path]
+
+
+def extension_id() -> str:
+    """Identity of the extension's source, for caches of what it measured."""
+    return hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
+
+
+def is_available() -> bool:
+    return tvm_ffi.get_global_func(CONV_FUNC, allow_missing=True) is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Patterns
+# --------------------------------------------------------------------------------------------
+
+
+def _act_patterns(x):
+    return {
+        "relu": is_op("relax.nn.relu")(x),
+        "clip": is_op("relax.clip")(x, wildcard(), wildcard())
+        | is_op("relax.minimum")(is_op("relax.maximum")(x, is_const()), is_const()),
+    }
+
+
+def _conv_patterns():
+    """conv2d [+bias] [+relu|clip] [+residual [+relu]], largest first."""
+    pats = []
+    for res in (2, 1, 0):  # 2: residual then relu, 1: residual, 0: none
+        for act in ("relu", "clip", None):
+            for bias in (True, False):
+                conv = is_op("relax.nn.conv2d")(wildcard(), is_const())
+                ann = {"conv": conv}
+                x = conv
+                name = "conv2d"
+                if bias:
+                    x = is_op("relax.add")(x, is_const())
+                    ann["bias"] = x
+                    name += "_bias"
+                if act:
+                    x = _act_patterns(x)[act]
+                    ann["act"] = x
+                    name += "_" + act
+                if res:
+                    x = is_op("relax.add")(x, wildcard())
+                    ann["res"] = x
+                    name += "_res"
+                    if res == 2:
+                        x = is_op("relax.nn.relu")(x)
+                        ann["post"] = x
+                        name += "_relu"
+                pats.append((_PREFIX + name, x, ann))
+    return pats
+
+
+def _matmul_patterns():
+    pats = []
+    for act in ("relu", "gelu", "gelu_tanh", None):
+        for bias in (True, False):
+            mm = is_op("relax.matmul")(wildcard(), is_const())
+            ann = {"matmul": mm}
+            x = mm
+            name = "matmul"
+            if bias:
+                x = is_op("relax.add")(x, is_const())
+                ann["bias"] = x
+                name += "_bias"
+            if act:
+                x = is_op({"relu": "relax.nn.relu", "gelu": "relax.nn.gelu",
+                           "gelu_tanh": "relax.nn.gelu_tanh"}[act])(x)
+                ann["act"] = x
+                name += "_" + act
+            pats.append((_PREFIX + name, x, ann))
+    return pats
+
+
+def _leaks(ctx) -> bool:
+    """True if an intermediate of the match is used outside it (it would be lost)."""
+    defined = set(ctx.matched_bindings.keys())
+    out_var = ctx.value_to_bound_var[ctx.matched_expr]
+    for v in ctx.matched_bindings.keys():
+        if v == out_var:
+            continue
+        if not isinstance(v, relax.DataflowVar):
+            return True
+        if any(u not in defined for u in ctx.var_usages.get(v, [])):
+            return True
+    return False
+
+
+def _other_operand(add_call, chain_expr, ctx=None):
+    """The operand of a binary op that is not the matched chain (given as expr or its var)."""
+    chain = [chain_expr]
+    if ctx is not None and chain_expr in ctx.value_to_bound_var:
+        chain.append(ctx.value_to_bound_var[chain_expr])
+    a, b = add_call.args
+    if any(a.same_as(c) for c in chain):
+        return b
+    if any(b.same_as(c) for c in chain):
+        return a
+    return None
+
+
+def _bias_ok(bias_expr, channels: int, ndim_out: int, channel_axis: int) -> bool:
+    shape = _static_f32_shape(bias_expr)
+    if shape is None or int(np.prod(shape)) != channels or len(shape) > ndim_out:
+        return False
+    # Broadcasts along the channel axis only: (C,1,1), (1,C,1,1) for conv; (N,), (1,N) for matmul.
+    full = [1] * (ndim_out - len(shape)) + shape
+    return all(d == 1 for i, d in enumerate(full) if i != channel_axis)
+
+
+def _scalar(e) -> float | None:
+    arr = _const_array(e)
+    if arr is not None:
+        return float(arr.reshape(())) if arr.size == 1 else None
+    # R.prim_value(...) is an IntImm/FloatImm expression in 0.27.
+    if isinstance(e, tvm.ir.expr.Constant) and isinstance(getattr(e, "value", None),
+                                                          (int, float)):
+        return float(e.value)
+    return None
+
+
+def _clip_bounds(call, ctx) -> tuple[float, float] | None:
+    """(lo, hi) of R.clip(x, lo, hi) or R.minimum(R.maximum(x, lo), hi) with scalar bounds."""
+    if call.op.name == "relax.clip":
+        lo, hi = _scalar(call.args[1]), _scalar(call.args[2])
+    else:
+        inner = call.args[0]
+        inner = ctx.matched_bindings.get(inner, inner)
+        if not isinstance(inner, relax.Call) or inner.op.name != "relax.maximum":
+            return None
+        lo, hi = _scalar(inner.args[1]), _scalar(call.args[1])
+    if lo is None or hi is None:
+        return None
+    return lo, hi
+
+
+def _check_conv(ctx) -> bool:
+    if _leaks(ctx):
+        return False
+    ann = ctx.annotated_expr
+    conv = ann["conv"]
+    a = conv.attrs
+    layouts = (a.data_layout, a.kernel_layout, a.out_layout)
+    if layouts not in (("NCHW", "OIHW", "NCHW"), ("NHWC", "OHWI", "NHWC"),
+                       ("NHWC", "HWIO", "NHWC")):
+        return False
+    if a.out_dtype not in (None, "", "float32"):
+        return False
+    c_axis = 1 if a.data_layout == "NCHW" else 3
+    data_s, w_s, out_s = (_static_f32_shape(e) for e in (conv.args[0], conv.args[1], conv))
+    if data_s is None or w_s is None or out_s is None or len(data_s) != 4:
+        return False
+    if "bias" in ann:
+        if not _bias_ok(_other_operand(ann["bias"], conv, ctx), out_s[c_axis], 4, c_axis):
+            return False
+    if "act" in ann and ann["act"].op.name in ("relax.clip", "relax.minimum"):
+        if _clip_bounds(ann["act"], ctx) is None:
+            return False
+    if "res" in ann:
+        res = ann["res"]
+        prev = ann.get("act", ann.get("bias", conv))
+        other = _other_operand(res, prev, ctx)
+        # The residual must already have the output's shape: the sum post-op does not broadcast.
+        if other is None or _static_f32_shape(other) != out_s or _static_f32_shape(res) != out_s:
+            return False
+        # conv -> relu -> add(relu, conv) would make the residual a value computed inside the
+        # fused region, which the packed call cannot receive as an input.
+        if any(other.same_as(v) for v in ctx.matched_bindings.keys()):
+            return False
+    return True
+
+
+def _check_matmul(ctx) -> bool:
+    if _leaks(ctx):
+        return False
+    ann = ctx.annotated_expr
+    mm = ann["matmul"]
+    a_s, b_s, o_s = (_static_f32_shape(e) for e in (mm.args[0], mm.args[1], mm))
+    if a_s is None or b_s is None or o_s is None:
+        return False
+    if mm.attrs.out_dtype not in (None, "", "float32"):
+        return False
+    if len(a_s) < 2 or len(b_s) < 2 or len(o_s) > 4 or len(a_s) > 4:
+        return False
+    if len(b_s) > 2:
+        # Batched constant b: same rank as a, each batch dim equal or broadcast from 1.
+        if len(b_s) != len(a_s) or any(bd not in (1, ad) for ad, bd in zip(a_s[:-2], b_s[:-2])):
+            return False
+    if "bias" in ann:
+        if not _bias_ok(_other_operand(ann["bias"], mm, ctx), o_s[-1], len(o_s), len(o_s) - 1):
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Rewriting composite functions into call_dps_packed
+# --------------------------------------------------------------------------------------------
+
+
+def _f32_bits(v: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", float(v)))[0]
+
+
+def _composite_ops(func: relax.Function):
+    """Calls of the composite body in order, each with its args mapped to outer exprs."""
+    body = func.body
+    calls = []
+    for block in body.blocks:
+        for b in block.bindings:
+            calls.append((b.var, b.value))
+    return calls
+
+
+@relax.expr_functor.mutator
+class _Lower(relax.PyExprMutator):
+    def __init__(self, mod, layout):
+        super().__init__(mod)
+        self.mod_ = mod
+        self.layout = layout
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not isinstance(call.op, relax.GlobalVar):
+            return call
+        func = self.mod_[call.op]
+        if not isinstance(func, relax.Function) or func.attrs is None:
+            return call
+        comp = func.attrs.get("Composite")
+        if comp is None or not str(comp).startswith(_PREFIX):
+            return call
+        env = {p: a for p, a in zip(func.params, call.args)}
+        ops = _composite_ops(func)
+        if str(comp).startswith(_PREFIX + "conv2d"):
+            return self._conv(env, ops, call)
+        return self._matmul(env, ops, call)
+
+    @staticmethod
+    def _resolve(env, e):
+        return env.get(e, e)
+
+    def _conv(self, env, ops, call):
+        (conv_var, conv), rest = ops[0], ops[1:]
+        a = conv.attrs
+        args = [self._resolve(env, conv.args[0]), self._resolve(env, conv.args[1])]
+        bias = residual = None
+        act, lo, hi, post = ACT_NONE, -np.inf, np.inf, ACT_NONE
+        chain = conv_var
+        seen_res = False
+        for var, val in rest:
+            name = val.op.name
+            if name == "relax.add":
+                other = self._resolve(env, _other_operand(val, chain))
+                arr = _const_array(other)
+                # A constant that broadcasts over the channels is the bias; a full-shape
+                # tensor (constant or not) is the residual.
+                if (bias is None and act == ACT_NONE and not seen_res and arr is not None
+                        and _static_f32_shape(other) != _static_f32_shape(call)):
+                    bias = relax.const(arr.reshape(-1).astype(np.float32), "float32")
+                else:
+                    residual, seen_res = other, True
+            elif name == "relax.nn.relu":
+                if seen_res:
+                    post = ACT_RELU
+                else:
+                    act = ACT_RELU
+            elif name == "relax.clip":
+                act = ACT_CLIP
+                lo, hi = _scalar(val.args[1]), _scalar(val.args[2])
+            elif name == "relax.maximum":
+                act = ACT_CLIP
+                lo = _scalar(self._resolve(env, val.args[1]))
+            elif name == "relax.minimum":
+                act = ACT_CLIP
+                hi = _scalar(self._resolve(env, val.args[1]))
+            else:
+                raise ValueError(f"unexpected op {name} in oneDNN conv composite")
+            chain = var
+        if bias is not None:
+            args.append(bias)
+        if residual is not None:
+            args.append(residual)
+        pad = [int(p) for p in a.padding]
+        attrs = [int(a.strides[0]), int(a.strides[1]), pad[0], pad[1], pad[2], pad[3],
+                 int(a.dilation[0]), int(a.dilation[1]), int(a.groups),
+                 int(bias is not None), int(residual is not None), act, _f32_bits(lo),
+                 _f32_bits(hi), post, self.layout,
+                 int(a.data_layout == "NHWC") + int(a.kernel_layout == "HWIO")]
+        args.append(relax.ShapeExpr(attrs))
+        return relax.call_dps_packed(CONV_FUNC, args, call.ty)
+
+    def _matmul(self, env, ops, call):
+        (mm_var, mm), rest = ops[0], ops[1:]
+        args = [self._resolve(env, mm.args[0]), self._resolve(env, mm.args[1])]
+        bias = None
+        act = ACT_NONE
+        chain = mm_var
+        for var, val in rest:
+            name = val.op.name
+            if name == "relax.add":
+                other = self._resolve(env, _other_operand(val, chain))
+                bias = relax.const(_const_array(other).reshape(-1).astype(np.float32), "float32")
+            else:
+                act = {"relax.nn.relu": ACT_RELU, "relax.nn.gelu": ACT_GELU_ERF,
+                       "relax.nn.gelu_tanh": ACT_GELU_TANH}[name]
+            chain = var
+        if bias is not None:
+            args.append(bias)
+        args.append(relax.ShapeExpr([0, int(bias is not None), act]))
+        return relax.call_dps_packed(MATMUL_FUNC, args, call.ty)
+
+
+def _use_counts(func) -> dict:
+    counts: dict = {}
+
+    def visit(e):
+        if isinstance(e, relax.Call):
+            for a in e.args:
+                if isinstance(a, relax.Var):
+                    counts[a] = counts.get(a, 0) + 1
+        elif isinstance(e, relax.Tuple):
+            for a in e.fields:
+                if isinstance(a, relax.Var):
+                    counts[a] = counts.get(a, 0) + 1
+
+    relax.analysis.post_order_visit(func, visit)
+    return counts
+
+
+@relax.expr_functor.mutator
+class _SingleUseFirst(relax.PyExprMutator):
+    """Put the single-use operand of an add first.
+
+    In add(convA, convB) where convA's output also feeds another op, only convB can absorb
+    the add as a residual post-op; the matcher takes the first operand as the chain and
+    does not retry the other order when the check rejects the leak.
+    """
+
+    def __init__(self, mod, counts):
+        super().__init__(mod)
+        self.counts = counts
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.add" and all(
+                isinstance(a, relax.Var) for a in call.args):
+            a, b = call.args
+            if self.counts.get(a, 0) > 1 and self.counts.get(b, 0) == 1:
+                return relax.op.add(b, a)
+        return call
+
+
+def _prepare(mod: tvm.IRModule, conv: bool, nhwc: bool) -> tvm.IRModule:
+    if conv:
+        # Before ConvertLayout too: it cannot see through call_tir and would wrap every
+        # ReLU6 in a pair of transposes.
+        mod = lift_clip(mod)
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                mod[gv] = _SingleUseFirst(mod, _use_counts(func)).visit_expr(func)
+    if conv and nhwc:
+        # The weight transposes fold back into constants: the patterns need a constant weight.
+        mod = tvm.ir.transform.Sequential(channels_last("OHWI"))(mod)
+    return mod
+
+
+def partition(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,
+              nhwc: bool = False) -> tvm.IRModule:
+    """Group every chain oneDNN can take into a composite function (one per call site), for
+    `lower` to turn into packed calls; nothing else changes."""
+    mod = _prepare(mod, conv, nhwc)
+    patterns = []
+    if conv:
+        patterns += [relax.transform.FusionPattern(n, p, ann, _check_conv)
+                     for n, p, ann in _conv_patterns()]
+    if matmul:
+        patterns += [relax.transform.FusionPattern(n, p, ann, _check_matmul)
+                     for n, p, ann in _matmul_patterns()]
+    if not patterns:
+        return mod
+    # bind_constants=False keeps weights as call arguments, so they become arguments of the
+    # packed call instead of being buried in a function nobody legalizes.
+    return relax.transform.FuseOpsByPattern(patterns, bind_constants=False)(mod)
+
+
+def composites(mod: tvm.IRModule) -> dict:
+    """GlobalVar -> composite function, for every oneDNN group `partition` made."""
+    return {gv: f for gv, f in mod.functions.items()
+            if isinstance(f, relax.Function) and f.attrs is not None
+            and str(f.attrs.get("Composite", "")).startswith(_PREFIX)}
+
+
+def workload_key(func: relax.Function) -> str:
+    """What a composite computes, independent of its weights: pattern, shapes, attributes."""
+    (_, anchor), *_ = _composite_ops(func)
+    shapes = [str(p.ty) for p in func.params]
+    attrs = anchor.attrs
+    fields = ("strides", "padding", "dilation", "groups", "data_layout", "kernel_layout",
+              "transpose_a", "transpose_b")
+    attr_text = ",".join(f"{k}={getattr(attrs, k)}" for k in fields if hasattr(attrs, k))
+    return "|".join([str(func.attrs["Composite"])[len(_PREFIX):], *shapes, str(func.ret_ty),
+                     attr_text])
+
+
+def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO) -> tvm.IRModule:
+    """Composite groups -> ``R.call_dps_packed`` calls; groups not in `keep` (a set of
+    GlobalVars; None: all) are inlined back as the plain ops they were."""
+    groups = composites(mod)
+    back = {gv: f for gv, f in groups.items() if keep is not None and gv not in keep}
+    lowered = _Lower(mod, conv_layout)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and gv not in groups:
+            if back:
+                func = func.inline_functions(back)
+            mod[gv] = lowered.visit_expr(func)
+    return relax.transform.DeadCodeElimination()(mod)
+
+
+def dispatch_onednn(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,
+                    conv_layout: int = LAYOUT_AUTO, nhwc: bool = False) -> tvm.IRModule:
+    """Replace supported conv2d / matmul chains with ``R.call_dps_packed`` oneDNN calls.
+
+    Runs on high-level Relax (after import, DecomposeOpsForInference and FoldConstant, before
+    LegalizeOps). Everything it does not match is left for the normal pipeline.
+
+    ``nhwc`` first converts convolutions to NHWC/OHWI with relax's ConvertLayout (transposes
+    only at the graph's layout boundaries). oneDNN's fast fp32 kernels want channels-last
+    activations, so NCHW in and out of every call costs two activation reorders per conv.
+    """
+    return lower(partition(mod, conv, matmul, nhwc), None, conv_layout)

@@ -1,0 +1,460 @@
+// tvm-ffi extension that runs fp32 conv2d / matmul through oneDNN.
+//
+// Calling convention (shared with onednn_dispatch.py, keep in sync):
+//   tvmopt.onednn.conv2d(data, weight, [bias], [residual], attrs, out)
+//   tvmopt.onednn.matmul(a, b, [bias], attrs, out)
+// R.call_dps_packed appends the output after all listed arguments, so attrs comes before out.
+// Optional inputs are present or absent according to flags in `attrs`, an int64 ffi Shape
+// (what R.shape([...]) becomes at run time) or an int64 tensor. Float attributes (clip bounds)
+// travel as the raw bits of a float32, because Shape entries are integers.
+//
+// Activations stay in the caller's plain layout. Weights are constants of the compiled
+// module, so they are reordered into oneDNN's preferred layout once and cached with the
+// primitive, keyed by the weight pointer plus shapes and attrs.
+
+#include <dnnl.hpp>
+
+#include <tvm/ffi/container/shape.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+using tvm::ffi::AnyView;
+using tvm::ffi::PackedArgs;
+using tvm::ffi::Shape;
+using tvm::ffi::Tensor;
+using tvm::ffi::TensorView;
+using dnnl::memory;
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+
+enum Act : int64_t { kNone = 0, kRelu = 1, kClip = 2, kGeluErf = 3, kGeluTanh = 4 };
+
+// Conv attrs layout.
+enum ConvAttr {
+  kStrideH, kStrideW, kPadT, kPadL, kPadB, kPadR, kDilH, kDilW, kGroups,
+  kConvHasBias, kConvHasResidual, kConvAct, kConvClipLo, kConvClipHi, kConvPostAct,
+  kConvLayout, kConvNHWC, kConvNumAttrs
+};
+// Matmul attrs layout.
+enum MatmulAttr { kTransB, kMMHasBias, kMMAct, kMMNumAttrs };
+
+struct Runtime {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  int num_threads = 0;  // 0: leave the OpenMP default alone
+};
+
+Runtime& GetRuntime() {
+  static Runtime* rt = [] {
+    auto* r = new Runtime();
+    // Follow TVM's thread setting so TVM kernels and oneDNN kernels use the same cores.
+    if (const char* env = std::getenv("TVM_NUM_THREADS")) r->num_threads = std::atoi(env);
+    return r;
+  }();
+  return *rt;
+}
+
+// The OpenMP thread-count ICV belongs to the calling thread, so it is re-applied on every call
+// (omp_set_num_threads is cheap) instead of once at load time on another thread.
+void ApplyThreads() {
+#ifdef _OPENMP
+  int n = GetRuntime().num_threads;
+  if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
+#endif
+}
+
+std::vector<int64_t> ReadAttrs(const AnyView& v) {
+  if (auto s = v.try_cast<Shape>()) return std::vector<int64_t>(s->begin(), s->end());
+  if (auto t = v.try_cast<TensorView>()) {
+    TVM_FFI_ICHECK(t->dtype().code == kDLInt && t->dtype().bits == 64)
+        << "attrs must be int64, got a tensor of " << tvm::ffi::DLDataTypeToString(t->dtype())
+        << " type " << v.GetTypeKey() << " ndim " << t->ndim();
+    const int64_t* p = reinterpret_cast<const int64_t*>(
+        static_cast<const char*>(t->data_ptr()) + t->byte_offset());
+    return std::vector<int64_t>(p, p + t->numel());
+  }
+  TVM_FFI_THROW(TypeError) << "attrs must be a Shape or an int64 tensor, got "
+                           << v.GetTypeKey();
+}
+
+float BitsToFloat(int64_t bits) {
+  uint32_t u = static_cast<uint32_t>(bits);
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+void* DataPtr(const TensorView& t) {
+  return static_cast<char*>(t.data_ptr()) + t.byte_offset();
+}
+
+memory::dims Dims(const TensorView& t) {
+  return memory::dims(t.shape().begin(), t.shape().end());
+}
+
+void CheckF32Contig(const TensorView& t, const char* what) {
+  TVM_FFI_ICHECK(t.dtype().code == kDLFloat && t.dtype().bits == 32 && t.dtype().lanes == 1)
+      << what << " must be float32";
+  TVM_FFI_ICHECK(t.IsContiguous()) << what << " must be contiguous";
+  TVM_FFI_ICHECK(t.device().device_type == kDLCPU) << what << " must be on CPU";
+}
+
+tag PlainTag(int nd) {
+  switch (nd) {
+    case 2: return tag::ab;
+    case 3: return tag::abc;
+    case 4: return tag::abcd;
+    default: TVM_FFI_THROW(ValueError) << "matmul supports rank 2-4, got " << nd;
+  }
+}
+
+void AppendAct(dnnl::post_ops* po, int64_t act, float lo, float hi) {
+  switch (act) {
+    case kNone: break;
+    case kRelu: po->append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f); break;
+    case kClip: po->append_eltwise(dnnl::algorithm::eltwise_clip, lo, hi); break;
+    case kGeluErf: po->append_eltwise(dnnl::algorithm::eltwise_gelu_erf, 0.f, 0.f); break;
+    case kGeluTanh: po->append_eltwise(dnnl::algorithm::eltwise_gelu_tanh, 0.f, 0.f); break;
+    default: TVM_FFI_THROW(ValueError) << "unknown activation " << act;
+  }
+}
+
+// Random weights can be freed and a new constant of the same shape allocated at the same
+// address (e.g. many modules compiled in one process); a sparse content fingerprint catches
+// that without hashing the whole tensor on every call.
+std::vector<float> Fingerprint(const float* p, int64_t n) {
+  constexpr int64_t kSamples = 32;
+  std::vector<float> fp;
+  int64_t step = n > kSamples ? n / kSamples : 1;
+  for (int64_t i = 0; i < n && static_cast<int64_t>(fp.size()) < kSamples; i += step) {
+    fp.push_back(p[i]);
+  }
+  fp.push_back(p[n - 1]);
+  return fp;
+}
+
+bool SameFingerprint(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::string MakeKey(const char* op, const void* wptr, const std::vector<int64_t>& attrs,
+                    std::initializer_list<memory::dims> shapes) {
+  std::ostringstream os;
+  os << op << '|' << wptr;
+  for (auto a : attrs) os << ',' << a;
+  for (const auto& s : shapes) {
+    os << '|';
+    for (auto d : s) os << d << 'x';
+  }
+  return os.str();
+}
+
+struct ConvEntry {
+  dnnl::convolution_forward prim;
+  memory::desc src_md, dst_md, user_src_md, user_dst_md;
+  memory weights;
+  std::vector<float> fingerprint;
+  bool reorder_src = false, reorder_dst = false;
+  memory src_buf, dst_buf;  // blocked activation buffers when the primitive wants them
+};
+
+struct MatmulEntry {
+  dnnl::matmul prim;
+  memory::desc a_md, dst_md;
+  memory weights;
+  std::vector<float> fingerprint;
+};
+
+std::mutex g_mu;
+std::unordered_map<std::string, std::shared_ptr<ConvEntry>> g_conv_cache;
+std::unordered_map<std::string, std::shared_ptr<MatmulEntry>> g_matmul_cache;
+
+std::shared_ptr<ConvEntry> CreateConv(const TensorView& data, const TensorView& weight,
+                                      const TensorView& out, const std::vector<int64_t>& a,
+                                      bool has_bias) {
+  Runtime& rt = GetRuntime();
+  auto e = std::make_shared<ConvEntry>();
+  // oneDNN dims are always logical (N, C, H, W) / (O, I, KH, KW); the tag says how the
+  // caller's buffer is laid out, so NHWC/OHWI tensors need no copy.
+  // kConvNHWC: 0 = NCHW data / OIHW weights, 1 = NHWC / OHWI, 2 = NHWC / HWIO (the layout
+  // tvmopt's default schedules use, so both kinds of kernel share one graph layout).
+  bool nhwc = a[kConvNHWC] != 0, hwio = a[kConvNHWC] == 2;
+  auto to_nchw = [nhwc](memory::dims d) {
+    return nhwc ? memory::dims{d[0], d[3], d[1], d[2]} : d;
+  };
+  memory::dims src_dims = to_nchw(Dims(data)), dst_dims = to_nchw(Dims(out));
+  memory::dims wd = Dims(weight);
+  memory::dims w_dims = hwio ? memory::dims{wd[3], wd[2], wd[0], wd[1]} : to_nchw(wd);
+  tag act_tag = nhwc ? tag::nhwc : tag::nchw;
+  int64_t groups = a[kGroups];
+  memory::dims wg_dims = w_dims;
+  tag w_tag = hwio ? tag::hwio : nhwc ? tag::ohwi : tag::oihw;
+  if (groups > 1) {
+    wg_dims = {groups, w_dims[0] / groups, w_dims[1], w_dims[2], w_dims[3]};
+    w_tag = hwio ? tag::hwigo : nhwc ? tag::gohwi : tag::goihw;
+  }
+  e->user_src_md = memory::desc(src_dims, dt::f32, act_tag);
+  e->user_dst_md = memory::desc(dst_dims, dt::f32, act_tag);
+  // layout 1 pins activations to NCHW (no reorders, but oneDNN may pick a slower kernel);
+  // layout 0 lets oneDNN choose and reorders activations in and out around the call.
+  bool plain = a[kConvLayout] == 1;
+  memory::desc src_any = plain ? e->user_src_md : memory::desc(src_dims, dt::f32, tag::any);
+  memory::desc dst_any = plain ? e->user_dst_md : memory::desc(dst_dims, dt::f32, tag::any);
+  memory::desc w_any(wg_dims, dt::f32, tag::any);
+  memory::desc b_md = has_bias ? memory::desc({dst_dims[1]}, dt::f32, tag::x) : memory::desc();
+
+  dnnl::post_ops po;
+  AppendAct(&po, a[kConvAct], BitsToFloat(a[kConvClipLo]), BitsToFloat(a[kConvClipHi]));
+  if (a[kConvHasResidual]) po.append_sum(1.f);
+  AppendAct(&po, a[kConvPostAct], 0.f, 0.f);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(po);
+
+  // oneDNN dilation counts the gaps between taps: TVM/ONNX dilation 1 is oneDNN 0.
+  memory::dims strides{a[kStrideH], a[kStrideW]};
+  memory::dims dil{a[kDilH] - 1, a[kDilW] - 1};
+  memory::dims pad_l{a[kPadT], a[kPadL]}, pad_r{a[kPadB], a[kPadR]};
+  auto pd = dnnl::convolution_forward::primitive_desc(
+      rt.eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_any,
+      w_any, b_md, dst_any, strides, dil, pad_l, pad_r, attr);
+  e->prim = dnnl::convolution_forward(pd);
+  e->src_md = pd.src_desc();
+  e->dst_md = pd.dst_desc();
+  e->reorder_src = e->src_md != e->user_src_md;
+  e->reorder_dst = e->dst_md != e->user_dst_md;
+  if (e->reorder_src) e->src_buf = memory(e->src_md, rt.eng);
+  if (e->reorder_dst) e->dst_buf = memory(e->dst_md, rt.eng);
+
+  memory user_w({wg_dims, dt::f32, w_tag}, rt.eng, DataPtr(weight));
+  if (pd.weights_desc() != user_w.get_desc()) {
+    e->weights = memory(pd.weights_desc(), rt.eng);
+    dnnl::reorder(user_w, e->weights).execute(rt.strm, user_w, e->weights);
+    rt.strm.wait();
+  } else {
+    // Own a copy so the cache never points into a buffer the caller may free.
+    e->weights = memory(pd.weights_desc(), rt.eng);
+    std::memcpy(e->weights.get_data_handle(), DataPtr(weight), weight.numel() * sizeof(float));
+  }
+  return e;
+}
+
+void Conv2d(PackedArgs args, tvm::ffi::Any* rv) {
+  int n = args.size();
+  TVM_FFI_ICHECK_GE(n, 4) << "conv2d(data, weight, [bias], [residual], attrs, out)";
+  std::vector<int64_t> a = ReadAttrs(args[n - 2]);
+  TVM_FFI_ICHECK_EQ(a.size(), static_cast<size_t>(kConvNumAttrs)) << "bad conv2d attrs";
+  bool has_bias = a[kConvHasBias] != 0, has_res = a[kConvHasResidual] != 0;
+  TVM_FFI_ICHECK_EQ(n, 4 + has_bias + has_res) << "conv2d arg count does not match attrs";
+  TensorView data = args[0].cast<TensorView>();
+  TensorView weight = args[1].cast<TensorView>();
+  int idx = 2;
+  std::optional<TensorView> bias, residual;
+  if (has_bias) bias = args[idx++].cast<TensorView>();
+  if (has_res) residual = args[idx++].cast<TensorView>();
+  TensorView out = args[n - 1].cast<TensorView>();
+  CheckF32Contig(data, "data");
+  CheckF32Contig(weight, "weight");
+  CheckF32Contig(out, "out");
+  TVM_FFI_ICHECK(data.ndim() == 4 && weight.ndim() == 4 && out.ndim() == 4) << "conv2d is 2-D";
+
+  std::lock_guard<std::mutex> lock(g_mu);
+  ApplyThreads();
+  Runtime& rt = GetRuntime();
+  const float* wptr = static_cast<const float*>(DataPtr(weight));
+  std::string key = MakeKey("conv", wptr, a, {Dims(data), Dims(weight), Dims(out)});
+  auto fp = Fingerprint(wptr, weight.numel());
+  auto it = g_conv_cache.find(key);
+  std::shared_ptr<ConvEntry> e;
+  if (it != g_conv_cache.end() && SameFingerprint(it->second->fingerprint, fp)) {
+    e = it->second;
+  } else {
+    e = CreateConv(data, weight, out, a, has_bias);
+    e->fingerprint = std::move(fp);
+    g_conv_cache[key] = e;
+  }
+
+  memory user_src(e->user_src_md, rt.eng, DataPtr(data));
+  memory user_dst(e->user_dst_md, rt.eng, DataPtr(out));
+  memory src = user_src, dst = user_dst;
+  if (e->reorder_src) {
+    dnnl::reorder(user_src, e->src_buf).execute(rt.strm, user_src, e->src_buf);
+    src = e->src_buf;
+  }
+  if (e->reorder_dst) dst = e->dst_buf;
+  if (has_res) {
+    // The sum post-op accumulates into dst, so dst starts as the residual.
+    CheckF32Contig(*residual, "residual");
+    memory user_res(e->user_dst_md, rt.eng, DataPtr(*residual));
+    if (e->reorder_dst) {
+      dnnl::reorder(user_res, dst).execute(rt.strm, user_res, dst);
+    } else if (DataPtr(*residual) != DataPtr(out)) {
+      std::memcpy(DataPtr(out), DataPtr(*residual), out.numel() * sizeof(float));
+    }
+  }
+  std::unordered_map<int, memory> exec_args{
+      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, e->weights}, {DNNL_ARG_DST, dst}};
+  if (has_bias) {
+    CheckF32Contig(*bias, "bias");
+    exec_args[DNNL_ARG_BIAS] = memory({{bias->numel()}, dt::f32, tag::x}, rt.eng, DataPtr(*bias));
+  }
+  e->prim.execute(rt.strm, exec_args);
+  if (e->reorder_dst) dnnl::reorder(dst, user_dst).execute(rt.strm, dst, user_dst);
+  rt.strm.wait();
+}
+
+// a: (..., M, K) row-major. b: constant (K, N), or (N, K) with trans_b, optionally with batch
+// dims matching a's. A 2-D b folds a's batch dims into M, which is what dense layers are.
+void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
+  int n = args.size();
+  TVM_FFI_ICHECK_GE(n, 4) << "matmul(a, b, [bias], attrs, out)";
+  std::vector<int64_t> at = ReadAttrs(args[n - 2]);
+  TVM_FFI_ICHECK_EQ(at.size(), static_cast<size_t>(kMMNumAttrs)) << "bad matmul attrs";
+  bool has_bias = at[kMMHasBias] != 0, trans_b = at[kTransB] != 0;
+  TVM_FFI_ICHECK_EQ(n, 4 + has_bias) << "matmul arg count does not match attrs";
+  TensorView A = args[0].cast<TensorView>();
+  TensorView B = args[1].cast<TensorView>();
+  std::optional<TensorView> bias;
+  if (has_bias) bias = args[2].cast<TensorView>();
+  TensorView out = args[n - 1].cast<TensorView>();
+  CheckF32Contig(A, "a");
+  CheckF32Contig(B, "b");
+  CheckF32Contig(out, "out");
+  TVM_FFI_ICHECK(A.ndim() >= 2 && B.ndim() >= 2) << "matmul needs ndim >= 2";
+
+  int64_t K = A.size(A.ndim() - 1);
+  int64_t N = trans_b ? B.size(B.ndim() - 2) : B.size(B.ndim() - 1);
+  memory::dims a_dims, b_dims, o_dims;
+  if (B.ndim() == 2) {
+    int64_t M = A.numel() / K;
+    a_dims = {M, K};
+    b_dims = {K, N};
+    o_dims = {M, N};
+  } else {
+    TVM_FFI_ICHECK_EQ(A.ndim(), B.ndim()) << "batched b needs a of the same rank";
+    a_dims = Dims(A);
+    b_dims = Dims(B);
+    if (trans_b) std::swap(b_dims[b_dims.size() - 1], b_dims[b_dims.size() - 2]);
+    o_dims = Dims(out);
+  }
+  int nd = static_cast<int>(a_dims.size());
+  int64_t o_numel = 1;
+  for (auto d : o_dims) o_numel *= d;
+  TVM_FFI_ICHECK_EQ(out.numel(), o_numel) << "out shape mismatch";
+
+  std::lock_guard<std::mutex> lock(g_mu);
+  ApplyThreads();
+  Runtime& rt = GetRuntime();
+  const float* bptr = static_cast<const float*>(DataPtr(B));
+  std::string key = MakeKey("matmul", bptr, at, {a_dims, b_dims, o_dims});
+  auto fp = Fingerprint(bptr, B.numel());
+  auto it = g_matmul_cache.find(key);
+  std::shared_ptr<MatmulEntry> e;
+  if (it != g_matmul_cache.end() && SameFingerprint(it->second->fingerprint, fp)) {
+    e = it->second;
+  } else {
+    e = std::make_shared<MatmulEntry>();
+    // Plain strides describe a transposed b without copying it.
+    memory::dims b_strides(nd);
+    b_strides[nd - 2] = trans_b ? 1 : N;
+    b_strides[nd - 1] = trans_b ? K : 1;
+    int64_t acc = K * N;
+    for (int i = nd - 3; i >= 0; --i) {
+      b_strides[i] = acc;
+      acc *= b_dims[i];
+    }
+    memory::desc user_b_md(b_dims, dt::f32, b_strides);
+    e->a_md = memory::desc(a_dims, dt::f32, PlainTag(nd));
+    e->dst_md = memory::desc(o_dims, dt::f32, PlainTag(nd));
+    memory::desc b_any(b_dims, dt::f32, tag::any);
+    memory::desc bias_md;
+    if (has_bias) {
+      memory::dims bd(nd, 1);
+      bd[nd - 1] = N;
+      bias_md = memory::desc(bd, dt::f32, PlainTag(nd));
+    }
+    dnnl::post_ops po;
+    AppendAct(&po, at[kMMAct], 0.f, 0.f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(po);
+    auto pd = dnnl::matmul::primitive_desc(rt.eng, e->a_md, b_any, bias_md, e->dst_md, attr);
+    e->prim = dnnl::matmul(pd);
+    memory user_b(user_b_md, rt.eng, const_cast<float*>(bptr));
+    e->weights = memory(pd.weights_desc(), rt.eng);
+    dnnl::reorder(user_b, e->weights).execute(rt.strm, user_b, e->weights);
+    rt.strm.wait();
+    e->fingerprint = std::move(fp);
+    g_matmul_cache[key] = e;
+  }
+  std::unordered_map<int, memory> exec_args{
+      {DNNL_ARG_SRC, memory(e->a_md, rt.eng, DataPtr(A))},
+      {DNNL_ARG_WEIGHTS, e->weights},
+      {DNNL_ARG_DST, memory(e->dst_md, rt.eng, DataPtr(out))}};
+  if (has_bias) {
+    CheckF32Contig(*bias, "bias");
+    memory::dims bd(nd, 1);
+    bd[nd - 1] = N;
+    exec_args[DNNL_ARG_BIAS] =
+        memory({bd, dt::f32, PlainTag(nd)}, rt.eng,
+               DataPtr(*bias));
+  }
+  e->prim.execute(rt.strm, exec_args);
+  rt.strm.wait();
+}
+
+}  // namespace
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  namespace refl = tvm::ffi::reflection;
+  refl::GlobalDef()
+      .def_packed("tvmopt.onednn.conv2d", Conv2d)
+      .def_packed("tvmopt.onednn.matmul", Matmul)
+      .def("tvmopt.onednn.set_num_threads",
+           [](int64_t n) {
+             std::lock_guard<std::mutex> lock(g_mu);
+             GetRuntime().num_threads = static_cast<int>(n);
+           })
+      .def("tvmopt.onednn.get_num_threads",
+           []() -> int64_t {
+#ifdef _OPENMP
+             ApplyThreads();
+             return omp_get_max_threads();
+#else
+             return 1;
+#endif
+           })
+      .def("tvmopt.onednn.clear_cache",
+           []() {
+             std::lock_guard<std::mutex> lock(g_mu);
+             g_conv_cache.clear();
+             g_matmul_cache.clear();
+           })
+      .def("tvmopt.onednn.cache_size",
+           []() -> int64_t {
+             std::lock_guard<std::mutex> lock(g_mu);
+             return static_cast<int64_t>(g_conv_cache.size() + g_matmul_cache.size());
+           })
+      .def("tvmopt.onednn.version", []() -> tvm::ffi::String {
+        const dnnl_version_t* v = dnnl_version();
+        std::ostringstream os;
+        os << v->major << '.' << v->minor << '.' << v->patch << '+' << v->hash;
+        return os.str();
+      });
+}
