@@ -78,7 +78,7 @@ def _fast_math(target, cfg):
 def _fuse_legalize(target, cfg):
     from tvm import relax
 
-    from .symbolic_order import OrderSymbolicDefs
+    from .passes.symbolic_order import OrderSymbolicDefs
 
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if cfg.weight_prepack else []
     # OrderSymbolicDefs: FuseOps may emit a group before the match_cast defining its dims.
@@ -102,7 +102,7 @@ def _apply_database(target, cfg):
 def _dlight_cpu(target, cfg):
     from tvm.s_tir import dlight as dl
 
-    from .schedule_guard import guarded  # a rule that raises passes the kernel on (recorded)
+    from .passes.schedule_guard import guarded  # a rule that raises passes the kernel on (recorded)
 
     # GEMV asserts on some fused reductions (`assert s_loops`, e.g. ReduceLogSumExp keepdims);
     # a kernel no rule takes keeps LLVM's default loop nest: correct, unvectorized.
@@ -112,7 +112,7 @@ def _dlight_cpu(target, cfg):
 def _dlight_gpu(target, cfg):
     from tvm.s_tir import dlight as dl
 
-    from .schedule_guard import guarded  # a rule that raises passes the kernel on (recorded)
+    from .passes.schedule_guard import guarded  # a rule that raises passes the kernel on (recorded)
 
     return [dl.ApplyDefaultSchedule(guarded(dl.gpu.Matmul()), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                     dl.gpu.GeneralReduction(), dl.gpu.Fallback())]

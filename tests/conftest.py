@@ -47,7 +47,7 @@ def save(tmp_path):
 @pytest.fixture
 def cli():
     """invoke(*args) -> click Result of `tvmopt args...` (in process)."""
-    from tvmopt.cli import main
+    from tvmopt.cli.main import main
 
     runner = CliRunner()
 

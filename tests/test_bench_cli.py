@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tvmopt.cli import main
+from tvmopt.cli.main import main
 from tvmopt.models import bundled
 
 

@@ -29,8 +29,8 @@ def test_family_compiles_and_matches_onnxruntime(family, save, cli, tmp_path):
     assert set(manifest["files"]) == {"model.so"}
 
     # run through the CLI with our own inputs and compare the saved outputs with onnxruntime
-    from tvmopt.runtime import random_inputs
-    from tvmopt.onnx_model import TensorInfo
+    from tvmopt.runtime.loader import random_inputs
+    from tvmopt.frontend.onnx_model import TensorInfo
 
     feeds = random_inputs([TensorInfo.from_json(i) for i in manifest["inputs"]], {"batch": 3, "N": 2},
                           seed=7)
@@ -44,8 +44,8 @@ def test_family_compiles_and_matches_onnxruntime(family, save, cli, tmp_path):
 
 def test_symbolic_batch_runs_any_batch(save, tmp_path):
     """An artifact built with a symbolic batch keeps it: one build runs batch 1, 5 and 16."""
-    from tvmopt.compile import CompileOptions, compile_model
-    from tvmopt.runtime import load, random_inputs
+    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.runtime.loader import load, random_inputs
 
     path = save(FAMILIES["depthwise_cnn"](), "dw")
     result = compile_model(CompileOptions(model=str(path), output=str(tmp_path / "a")))
@@ -77,8 +77,8 @@ def test_manifest_records_provenance(save, tmp_path):
     import tvm
 
     from tvmopt import __version__
-    from tvmopt.compile import CompileOptions, compile_model
-    from tvmopt.onnx_model import sha256_file
+    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.frontend.onnx_model import sha256_file
 
     path = save(FAMILIES["mlp"](), "mlp")
     compile_model(CompileOptions(model=str(path), output=str(tmp_path / "a")))
@@ -95,7 +95,7 @@ def test_manifest_records_provenance(save, tmp_path):
 
 
 def test_host_target_detects_this_machine(save, tmp_path, cli):
-    from tvmopt.targets import host_arch
+    from tvmopt.targets.registry import host_arch
 
     path = save(FAMILIES["mlp"](), "mlp")
     res = cli("compile", path, "--target", "host", "-o", tmp_path / "h", "--verify")

@@ -6,10 +6,10 @@ import json
 import pytest
 
 from _models_issue5 import mlp
-from tvmopt.compile import CompileOptions, compile_model
-from tvmopt.cuda_toolchain import ptx_of
+from tvmopt.build.compile import CompileOptions, compile_model
+from tvmopt.targets.cuda import ptx_of
 from tvmopt.errors import TargetError
-from tvmopt.runtime import load
+from tvmopt.runtime.loader import load
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import pytest
 
 from tiny_models import tiny_conv
 from tvmopt import pipeline
-from tvmopt.frontend import import_onnx
-from tvmopt.onnx_model import load_onnx
-from tvmopt.targets import get_target
+from tvmopt.frontend.importer import import_onnx
+from tvmopt.frontend.onnx_model import load_onnx
+from tvmopt.targets.registry import get_target
 
 
 def test_compiled_exec_mode_matches_bytecode(tmp_path):

@@ -38,7 +38,7 @@ def test_batchnorm_inference_mode_still_tvm_s_converter():
 
 def test_roialign_max_mode_is_refused_by_name():
     from tvmopt.errors import TvmoptError
-    from tvmopt.frontend import import_onnx
+    from tvmopt.frontend.importer import import_onnx
 
     feeds = {"x": np.zeros((1, 1, 8, 8), "float32"), "rois": np.zeros((1, 4), "float32"),
              "idx": np.zeros((1,), "int64")}

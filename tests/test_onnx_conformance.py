@@ -54,7 +54,7 @@ def _run_tvmopt(model, feeds):
     from tvm import relax
 
     from tvmopt import pipeline
-    from tvmopt.frontend import import_onnx
+    from tvmopt.frontend.importer import import_onnx
 
     imported = import_onnx(model)
     ex = pipeline.build(imported.mod, tvm.target.Target({"kind": "llvm"}), "cpu")
@@ -86,7 +86,7 @@ def test_unsupported_op_names_op_domain_opset_and_node():
     from onnx import TensorProto, helper
 
     from tvmopt.errors import UnsupportedOpError
-    from tvmopt.frontend import import_onnx
+    from tvmopt.frontend.importer import import_onnx
 
     node = helper.make_node("Frobnicate", ["x"], ["y"], name="frob_1", domain="com.example")
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],

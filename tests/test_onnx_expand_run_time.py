@@ -11,8 +11,9 @@ def test_expand_run_time_shape_broadcasts_both_ways():
     import tvm
     from tvm import relax
 
-    from tvmopt import pipeline, targets
-    from tvmopt.frontend import import_onnx
+    from tvmopt import pipeline
+    from tvmopt.targets import registry as targets
+    from tvmopt.frontend.importer import import_onnx
 
     node = helper.make_node("Expand", ["x", "shape"], ["y"])
     graph = helper.make_graph(

@@ -18,9 +18,9 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from tvmopt.compile import CompileOptions, compile_model
+from tvmopt.build.compile import CompileOptions, compile_model
 from tvmopt.errors import ImportFailure, ShapeError
-from tvmopt.runtime import load
+from tvmopt.runtime.loader import load
 
 FLOAT8 = {TP.FLOAT8E4M3FN: ml_dtypes.float8_e4m3fn, TP.FLOAT8E4M3FNUZ: ml_dtypes.float8_e4m3fnuz,
           TP.FLOAT8E5M2: ml_dtypes.float8_e5m2, TP.FLOAT8E5M2FNUZ: ml_dtypes.float8_e5m2fnuz}
@@ -51,9 +51,10 @@ def _build_in_memory(model):
     import tvm
     from tvm import relax
 
-    from tvmopt import pipeline, targets
-    from tvmopt.frontend import import_onnx
-    from tvmopt.runtime import LoadedModel
+    from tvmopt import pipeline
+    from tvmopt.targets import registry as targets
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.loader import LoadedModel
 
     imported = import_onnx(model)
     ex = pipeline.build(imported.mod, targets.get_target("x86").to_tvm(), "cpu")
@@ -251,7 +252,7 @@ def test_int4_blocked_dequantize_matmul_compile_verify(cli, tmp_path):
 
 
 def test_narrow_type_inside_a_subgraph_is_refused():
-    from tvmopt.frontend import import_onnx
+    from tvmopt.frontend.importer import import_onnx
 
     branch = helper.make_graph(
         [helper.make_node("Cast", ["x"], ["c"], to=TP.FLOAT8E4M3FN),
@@ -288,7 +289,7 @@ def test_cli_run_with_int4_npz(cli, tmp_path):
 
 
 def test_nonzero_float8_zero_point_is_refused():
-    from tvmopt.frontend import import_onnx
+    from tvmopt.frontend.importer import import_onnx
 
     zp = numpy_helper.from_array(np.array(1.0, ml_dtypes.float8_e4m3fn), "zp")
     s = numpy_helper.from_array(np.array(0.5, np.float32), "s")

@@ -33,7 +33,7 @@ def _run_tvmopt(model, feeds: dict) -> list[np.ndarray]:
     from tvm import relax
 
     from tvmopt import pipeline
-    from tvmopt.frontend import import_onnx
+    from tvmopt.frontend.importer import import_onnx
 
     imported = import_onnx(model)
     ex = pipeline.build(imported.mod, tvm.target.Target({"kind": "llvm", "num-cores": 1}), "cpu")
@@ -220,7 +220,7 @@ def test_recurrent_activation_attributes():
 def test_recurrent_symbolic_sequence_length_is_refused():
     model, _ = _recurrent_case("LSTM", "forward")
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "seq"
-    from tvmopt.frontend import import_onnx
+    from tvmopt.frontend.importer import import_onnx
 
     with pytest.raises(TvmoptError, match="LSTM.*static sequence length"):
         import_onnx(model)
@@ -295,7 +295,7 @@ def test_loop_with_constant_trip_count_unrolled():
 
 
 def test_loop_with_runtime_trip_count_is_refused():
-    from tvmopt.frontend import import_onnx
+    from tvmopt.frontend.importer import import_onnx
 
     model, _ = _loop_model(trip_count_const=False)
     with pytest.raises(TvmoptError, match="Loop.*trip count M is computed at run time"):
@@ -331,7 +331,7 @@ def test_dft_matches_reference(attrs, channels, length):
 
 
 def test_dft_runtime_axis_is_refused():
-    from tvmopt.frontend import import_onnx
+    from tvmopt.frontend.importer import import_onnx
 
     node = helper.make_node("DFT", ["x", "", "axis"], ["y"])
     feeds = {"x": np.zeros((1, 4, 1), np.float32), "axis": np.array(1, np.int64)}
@@ -346,7 +346,7 @@ def test_det_matches_reference(shape):
 
 
 def test_det_of_large_matrix_is_refused():
-    from tvmopt.frontend import import_onnx
+    from tvmopt.frontend.importer import import_onnx
 
     feeds = {"x": np.zeros((6, 6), np.float32)}
     with pytest.raises(TvmoptError, match="Det of 6x6"):

@@ -32,8 +32,9 @@ def _run_tvmopt(model, feeds: dict):
     import tvm
     from tvm import relax
 
-    from tvmopt import pipeline, targets
-    from tvmopt.frontend import import_onnx
+    from tvmopt import pipeline
+    from tvmopt.targets import registry as targets
+    from tvmopt.frontend.importer import import_onnx
 
     imported = import_onnx(model)
     target = targets.get_target("x86").to_tvm()
@@ -56,7 +57,7 @@ def _check(node, feeds, consts=None, rtol=1e-5, atol=1e-5, **kw):
 # ---- 1. build failures: a dlight rule that raises leaves the kernel to the next one ----------
 
 def test_reduce_log_sum_exp_keepdims_builds_and_matches():
-    from tvmopt.schedule_guard import take_fallbacks
+    from tvmopt.passes.schedule_guard import take_fallbacks
 
     take_fallbacks()
     x = np.random.default_rng(0).standard_normal((3, 2, 2)).astype("float32")
@@ -119,7 +120,7 @@ def test_resize_run_time_scales_on_symbolic_dim_refused_by_name():
     model = _model(node, {"x": x, "scales": np.ones(4, "float32")}, {},
                    input_shapes={"x": ["batch", 1, 2, 2]})
     from tvmopt.errors import ShapeError
-    from tvmopt.frontend import import_onnx
+    from tvmopt.frontend.importer import import_onnx
 
     with pytest.raises((ImportFailure, ShapeError), match=r"up1.*dimension 0.*symbolic"):
         import_onnx(model)
@@ -200,8 +201,9 @@ def test_split_sizes_fed_at_run_time():
     import tvm
     from tvm import relax
 
-    from tvmopt import pipeline, targets
-    from tvmopt.frontend import import_onnx
+    from tvmopt import pipeline
+    from tvmopt.targets import registry as targets
+    from tvmopt.frontend.importer import import_onnx
 
     x = np.arange(24, dtype="float32").reshape(2, 12)
     node = helper.make_node("Split", ["x", "split"], ["a", "b", "c"], axis=-1)
@@ -231,8 +233,9 @@ def test_topk_k_constant_or_fed_at_run_time(k_const):
     import tvm
     from tvm import relax
 
-    from tvmopt import pipeline, targets
-    from tvmopt.frontend import import_onnx
+    from tvmopt import pipeline
+    from tvmopt.targets import registry as targets
+    from tvmopt.frontend.importer import import_onnx
 
     x = np.array([[3, 1, 3, 2, 0], [5, 5, 4, 1, 5]], "float32")  # ties: lower index first
     node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1, largest=1)

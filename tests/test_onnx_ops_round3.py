@@ -26,8 +26,9 @@ def _run_tvmopt(model, feeds: dict, dims=None) -> list:
     import tvm
     from tvm import relax
 
-    from tvmopt import pipeline, targets
-    from tvmopt.frontend import import_onnx
+    from tvmopt import pipeline
+    from tvmopt.targets import registry as targets
+    from tvmopt.frontend.importer import import_onnx
 
     imported = import_onnx(model)
     ex = pipeline.build(imported.mod, targets.get_target("x86").to_tvm(), "cpu")
@@ -191,8 +192,9 @@ def test_resize_one_artifact_runs_other_scales():
     import tvm
     from tvm import relax
 
-    from tvmopt import pipeline, targets
-    from tvmopt.frontend import import_onnx
+    from tvmopt import pipeline
+    from tvmopt.targets import registry as targets
+    from tvmopt.frontend.importer import import_onnx
 
     x = np.arange(12, dtype=np.float32).reshape(1, 1, 3, 4)
     node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")

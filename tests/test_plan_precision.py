@@ -8,11 +8,11 @@ import pytest
 from click.testing import CliRunner
 
 from _models_issue5 import mlp, qdq_mlp, quantized_mlp
-from tvmopt.cli import main
-from tvmopt.compile import CompileOptions, compile_model
+from tvmopt.cli.main import main
+from tvmopt.build.compile import CompileOptions, compile_model
 from tvmopt.errors import VerificationError
-from tvmopt.plan import make_plan
-from tvmopt.targets import get_target
+from tvmopt.precision.plan import make_plan
+from tvmopt.targets.registry import get_target
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +107,8 @@ def test_fp16_rewrite_matches_fp32_within_tolerance(tmp_path):
     from tvm import relax
 
     from tvmopt import pipeline
-    from tvmopt.frontend import import_onnx
-    from tvmopt.precision import fp16_pass
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.precision.rewrites import fp16_pass
 
     model = mlp(tmp_path / "m.onnx", batch=8)
     mod = import_onnx(onnx.load(model)).mod

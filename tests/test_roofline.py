@@ -2,9 +2,9 @@
 
 import pytest
 
-from tvmopt.analysis.roofline import Roof, evaluate, intensity, matmul_cost
-from tvmopt.plan import KernelPlan, decide, int8_weight_wins, kernel_cost
-from tvmopt.targets import get_target
+from tvmopt.precision.roofline import Roof, evaluate, intensity, matmul_cost
+from tvmopt.precision.plan import KernelPlan, decide, int8_weight_wins, kernel_cost
+from tvmopt.targets.registry import get_target
 
 ROOF = Roof(peak_gflops=100.0, bandwidth_gbs=10.0)  # ridge = 10 FLOP/B
 

@@ -1,7 +1,7 @@
 """The dlight guard records a failing rule instead of failing the build; CUDA source scanning."""
 
-from tvmopt.cuda_toolchain import tensor_core_kernels
-from tvmopt.schedule_guard import guarded, take_fallbacks
+from tvmopt.targets.cuda import tensor_core_kernels
+from tvmopt.passes.schedule_guard import guarded, take_fallbacks
 
 
 class _Raises:

@@ -8,9 +8,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tvmopt.cli import main
+from tvmopt.cli.main import main
 from tvmopt.models import bundled
-from tvmopt.tuning import MANIFEST_FILE, bundled_db_dir
+from tvmopt.tuning.tune import MANIFEST_FILE, bundled_db_dir
 
 TARGET = "x86-avx2"
 # Bundled models the importer cannot take yet, so no database can exist for them (none now).

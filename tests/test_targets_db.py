@@ -3,7 +3,7 @@
 import pytest
 
 from tvmopt.errors import TargetError
-from tvmopt.targets import get_target, load_targets, parse_target_file
+from tvmopt.targets.registry import get_target, load_targets, parse_target_file
 
 EXPECTED = {"a100", "h100", "h200", "x86-avx2", "x86-avx512", "arm-cortex-a76", "arm-cortex-a55",
             "arm-cortex-a72"}

@@ -69,7 +69,7 @@ def _export(kind: str, dynamo: bool, dynamic: bool, path: str) -> None:
 
 
 def _compile(model: str, out: str, *extra: str):
-    from tvmopt.cli import main
+    from tvmopt.cli.main import main
 
     res = CliRunner().invoke(main, ["compile", model, "-o", out, "--verify", *extra])
     assert res.exit_code == 0, res.output
@@ -78,7 +78,7 @@ def _compile(model: str, out: str, *extra: str):
 
 
 def _run_at(artifact: str, model: str, dims: dict[str, int]) -> None:
-    from tvmopt import runtime, verify
+    from tvmopt.runtime import loader as runtime, verify
 
     lm = runtime.load(artifact)
     assert any(isinstance(d, str) for i in lm.inputs for d in i.shape), "dims were made static"

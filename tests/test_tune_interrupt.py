@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tvmopt.tune_interrupt import STOP_MESSAGE, CtrlC, StopTuning
+from tvmopt.tuning.interrupt import STOP_MESSAGE, CtrlC, StopTuning
 
 _CHILD_MASK = ("import signal; "
                "print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))")
@@ -69,7 +69,7 @@ def test_second_ctrl_c_exits_at_once_with_130_and_kills_workers(tmp_path):
     script = textwrap.dedent(f"""
         import signal, subprocess, sys, time
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from tvmopt.tune_interrupt import CtrlC
+        from tvmopt.tuning.interrupt import CtrlC
         with CtrlC(db_dir="DBDIR") as ctrl_c:
             worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
             print("worker", worker.pid, flush=True)

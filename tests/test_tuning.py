@@ -13,10 +13,10 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import tiny_mlp  # noqa: E402
 
-from tvmopt import tuning  # noqa: E402
-from tvmopt.cli import main  # noqa: E402
+from tvmopt.tuning import tune as tuning  # noqa: E402
+from tvmopt.cli.main import main  # noqa: E402
 from tvmopt.errors import TargetError  # noqa: E402
-from tvmopt.targets import get_target  # noqa: E402
+from tvmopt.targets.registry import get_target  # noqa: E402
 
 SHAPE = {"x": (1, 32)}
 
@@ -67,9 +67,9 @@ def test_replay_hits_every_task_and_matches_onnxruntime(tuned, tmp_path):
 def test_replay_schedules_are_applied_before_dlight(tuned):
     """The database phase marks the tuned fused functions scheduled (apache/tvm#19385)."""
     from tvmopt import pipeline
-    from tvmopt.frontend import import_onnx
-    from tvmopt.onnx_model import load_onnx
-    from tvmopt.targets import get_target
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.frontend.onnx_model import load_onnx
+    from tvmopt.targets.registry import get_target
 
     model, db, _ = tuned
     hw = get_target("x86")
@@ -217,7 +217,7 @@ def test_tuning_inputs_keep_indices_in_range():
     import numpy as np
     import tvm
 
-    from tvmopt.tuning import alloc_arguments_in_range
+    from tvmopt.tuning.tune import alloc_arguments_in_range
 
     (args,) = alloc_arguments_in_range(tvm.cpu(), [["TENSOR", "int64", [64]],
                                                    ["TENSOR", "float32", [64]]], 1)

@@ -15,14 +15,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import tiny_mlp  # noqa: E402
 
-from tvmopt import tuning  # noqa: E402
+from tvmopt.tuning import tune as tuning  # noqa: E402
 
 
 @pytest.mark.slow
 def test_killed_tuning_resumes(tmp_path):
     model = tiny_mlp(tmp_path / "mlp.onnx")
     db = tmp_path / "db"
-    cmd = [sys.executable, "-c", "from tvmopt.cli import main; main()", "tune", model, "--shape", "x=1x32",
+    cmd = [sys.executable, "-c", "from tvmopt.cli.main import main; main()", "tune", model, "--shape", "x=1x32",
            "--db", str(db), "--trials", "64", "--trials-per-round", "4", "--population", "32"]
     log = (tmp_path / "tune.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -54,7 +54,7 @@ def test_killed_tuning_resumes(tmp_path):
 
 # A shell's background jobs ignore SIGINT; restore Python's handler as a terminal would.
 _BOOT = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-         "sys.argv[0] = 'tvmopt'; from tvmopt.cli import main; main()")
+         "sys.argv[0] = 'tvmopt'; from tvmopt.cli.main import main; main()")
 
 # The same, plus a Ctrl-C (SIGINT to the whole process group, as a terminal sends it) from
 # inside MetaSchedule's Python logging callback once 4 records exist. TVM's C++ calls that
@@ -77,7 +77,7 @@ def hook(frame, event, arg):
 
 sys.setprofile(hook)
 sys.argv[0] = "tvmopt"
-from tvmopt.cli import main
+from tvmopt.cli.main import main
 main()
 """
 

@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import tiny_mlp  # noqa: E402
 
-from tvmopt import rpc, tuning  # noqa: E402
+from tvmopt.tuning import rpc, tune as tuning  # noqa: E402
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tvmopt.errors import VerificationError
-from tvmopt.verify import Tolerance, check, compare
+from tvmopt.runtime.verify import Tolerance, check, compare
 
 
 def test_within_tolerance_passes_and_reports_errors():
@@ -46,7 +46,7 @@ def test_reference_failure_is_one_verification_error(tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    from tvmopt.verify import run_onnxruntime
+    from tvmopt.runtime.verify import run_onnxruntime
 
     # Reshape to a fixed 4 elements: fine for a [2, 2] input, impossible for [3, 2]
     g = helper.make_graph(

@@ -226,9 +226,9 @@ def run_tvmopt(case: Case, target) -> tuple[str | None, str]:
 
     from tvmopt import pipeline
     from tvmopt.errors import TvmoptError
-    from tvmopt.frontend import import_onnx
-    from tvmopt.narrow_types import contiguous, from_carrier, to_carrier
-    from tvmopt.onnx_model import load_onnx
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.frontend.narrow_types import contiguous, from_carrier, to_carrier
+    from tvmopt.frontend.onnx_model import load_onnx
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.onnx")

@@ -46,10 +46,10 @@ def build_modes(name: str, model: Path, db: Path, out: Path, modes) -> dict[str,
     import tvm
 
     from tvmopt import pipeline
-    from tvmopt.frontend import import_onnx
-    from tvmopt.onnx_model import load_onnx
-    from tvmopt.targets import get_target
-    from tvmopt.tuning import replay_database
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.frontend.onnx_model import load_onnx
+    from tvmopt.targets.registry import get_target
+    from tvmopt.tuning.tune import replay_database
 
     bt = _bench_module()
     hw = get_target(bt.TARGET)
@@ -128,8 +128,8 @@ def main(argv=None) -> int:
     from tvm import relax
 
     from tvmopt.models import bundled
-    from tvmopt.tuning import bundled_db_dir
-    from tvmopt.verify import ort_session
+    from tvmopt.tuning.tune import bundled_db_dir
+    from tvmopt.runtime.verify import ort_session
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mobile_cnn,resnet_cnn,tiny_bert")

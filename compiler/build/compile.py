@@ -1,0 +1,189 @@
+"""The compile API: ONNX file -> Relax -> optimized, built artifact (+ optional verification)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ShapeError, TvmoptError
+from ..frontend.onnx_model import load_onnx, parse_shape_spec, sha256_file
+from ..targets.registry import HardwareTarget, get_target
+from ..runtime.verify import Tolerance
+
+
+@dataclass
+class CompileOptions:
+    """Everything `compile` needs, validated on construction.
+
+    Attributes:
+        model: path to the .onnx file.
+        target: target name or alias from targets/ (or 'host').
+        output: artifact folder (default: <model stem>.tvmopt next to the model).
+        shapes: --shape overrides, 'NAME=1x3x224x224' strings or parsed dict.
+        verify: compare with onnxruntime after building.
+        tolerance: verification tolerance.
+        verify_dims: values for symbolic dims during verification.
+        save_temps: folder to dump the IR after each phase (TVMOPT_SAVE_TEMPS).
+        db: MetaSchedule database folder (from `tvmopt tune`) to replay after fusion.
+        require_db: fail if the database misses any task instead of falling back to dlight.
+    """
+
+    model: str
+    target: str = "x86"
+    output: str | None = None
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    verify: bool = False
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    verify_dims: dict[str, int] = field(default_factory=dict)
+    save_temps: str | None = None
+    # "auto" or a precision from tvmopt.precision.plan.CHOICES; max error allowed vs the fp32 build
+    precision: str = "auto"
+    max_error: float | None = None
+    db: str | None = None
+    require_db: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.shapes, (list, tuple)):
+            parsed = {}
+            for spec in self.shapes:
+                name, shape = parse_shape_spec(spec)
+                if name in parsed:
+                    raise ShapeError(f"--shape given twice for '{name}'")
+                parsed[name] = shape
+            self.shapes = parsed
+        if self.output is None:
+            self.output = str(Path(self.model).with_suffix(".tvmopt"))
+        if self.save_temps is None:
+            self.save_temps = os.environ.get("TVMOPT_SAVE_TEMPS") or None
+
+
+@dataclass
+class CompileResult:
+    artifact: object
+    timings: dict[str, float]
+    verification: list | None = None
+    replay: object | None = None  # tuning.Replay when compiled with --db
+
+
+def _dumper(folder: str | None):
+    if not folder:
+        return None
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    counter = iter(range(100))
+
+    def dump(phase, mod):
+        (Path(folder) / f"{next(counter):02d}-{phase}.py").write_text(mod.script(show_meta=False))
+
+    return dump
+
+
+def compile_model(opts: CompileOptions, log=print) -> CompileResult:
+    """Import, optimize, build and write an artifact for `opts.model`.
+
+    Raises:
+        TvmoptError: any user-facing failure (model, op, shape, target, build, verification).
+    """
+    from .. import pipeline
+    from ..runtime.artifact import write_artifact
+    from ..frontend.importer import import_onnx
+
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    hw: HardwareTarget = get_target(opts.target)
+    model = load_onnx(opts.model)
+    imported = import_onnx(model, opts.shapes)
+    timings["import_s"] = time.perf_counter() - t0
+
+    target = hw.to_tvm()
+    cfg = pipeline.PipelineConfig()
+    # Precision: the roofline plan picks it per target; its passes run in the precision phase.
+    from .accuracy import (accuracy_report, cross_cc, plan_and_passes, precision_manifest,
+                             schedule_fallbacks, cuda_report)
+
+    t_plan = time.perf_counter()
+    plan, cfg.precision_passes = plan_and_passes(opts, hw, model, log)
+    timings["plan_s"] = time.perf_counter() - t_plan
+
+    # Tuning database: matched against the fused module the "database" phase will see, so it
+    # must come after everything else that fills `cfg` (precision passes change the kernels).
+    replay = None
+    if opts.db:
+        from ..tuning.tune import replay_database
+
+        t_db = time.perf_counter()
+        replay = replay_database(opts.db, hw, imported.mod, opts.require_db, cfg)
+        cfg.database = replay.db
+        cfg.weight_prepack = replay.weight_prepack  # the layout the records were tuned for
+        timings["database_s"] = time.perf_counter() - t_db
+
+    t1 = time.perf_counter()
+    ex = pipeline.build(imported.mod, target, hw.device, cfg, dump=_dumper(opts.save_temps))
+    timings["build_s"] = time.perf_counter() - t1
+
+    manifest = {
+        "model": {"file": Path(opts.model).name, "sha256": sha256_file(opts.model),
+                  "opset": imported.opset},
+        "tvm_version": _tvm_version(),
+        "target": {"name": hw.name, "device": hw.device, "arch": hw.arch,
+                   "features": list(hw.features), "tvm": target_json(target)},
+        "inputs": [i.to_json() for i in imported.inputs],
+        "outputs": [o.to_json() for o in imported.outputs],
+        "shape_overrides": {k: list(v) for k, v in opts.shapes.items()},
+        "passes": pipeline.pass_names(hw.device, target, cfg),
+        "precision": precision_manifest(plan),
+        "tuning": {"database": None},
+    }
+    manifest["plan"] = plan.to_json()
+    manifest["schedule_fallbacks"] = schedule_fallbacks(log)
+    extra = {}
+    if hw.device == "cuda":
+        extra["kernels.cu"], manifest["cuda"] = cuda_report(ex, hw, plan, log)
+    if replay is not None:
+        manifest["tuning"] = replay.to_json()
+    t2 = time.perf_counter()
+    art = write_artifact(opts.output, ex, manifest, extra_files=extra, cc=cross_cc(hw))
+    timings["export_s"] = time.perf_counter() - t2
+    if plan.precision != "fp32" or any(k.integer_matmul for k in plan.kernels):
+        t3 = time.perf_counter()
+        accuracy_report(art, imported, cfg, hw, opts, log)
+        timings["accuracy_s"] = time.perf_counter() - t3
+    result = CompileResult(art, timings, replay=replay)
+    if opts.verify:
+        result.verification = verify_artifact(art.path, opts.model, opts.tolerance, opts.verify_dims)
+    return result
+
+
+def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, int] | None = None):
+    """Run artifact and onnxruntime on the same random inputs; raise past tolerance."""
+    from ..runtime import verify
+    from ..runtime.artifact import read_artifact, update_manifest
+    from ..runtime.loader import load, random_inputs
+
+    lm = load(artifact_path)
+    feeds = random_inputs(lm.inputs, dims)
+    got = lm.run(feeds)
+    ref = verify.run_onnxruntime(str(model_path), feeds)
+    errors = verify.compare(got, ref, tol)
+    update_manifest(read_artifact(artifact_path, check_hashes=False),
+                    verification={"reference": "onnxruntime", "atol": tol.atol, "rtol": tol.rtol,
+                                  "outputs": verify.to_json(errors)})
+    verify.check(errors, tol)
+    return errors
+
+
+def target_json(target) -> dict:
+    """The full TVM target (every attribute, defaults included) as plain JSON."""
+    import json
+
+    return json.loads(str(target))
+
+
+def _tvm_version() -> str:
+    import tvm
+
+    return tvm.__version__
+
+
+__all__ = ["CompileOptions", "CompileResult", "compile_model", "verify_artifact", "TvmoptError"]
