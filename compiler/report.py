@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-console = Console(highlight=False)
+from .console import console
 
 
 def _si(n: float, unit: str = "") -> str:

@@ -144,7 +144,7 @@ def test_real_process_exit_code_and_stderr(tmp_path):
     """The installed entry point: exit status 1, one line on stderr, nothing on stdout."""
     p = tmp_path / "bad.onnx"
     p.write_bytes(b"\x08\x07garbage")
-    proc = subprocess.run([sys.executable, "-m", "tvmopt.cli.main", "compile", str(p)],
+    proc = subprocess.run([sys.executable, "-m", "tvmopt.cli", "compile", str(p)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert proc.stdout == ""

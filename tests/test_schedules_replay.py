@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from tvmopt.cli.main import main
 from tvmopt.models import bundled
-from tvmopt.tuning.tune import MANIFEST_FILE, bundled_db_dir
+from tvmopt.tuning.database import MANIFEST_FILE, bundled_db_dir
 
 TARGET = "x86-avx2"
 # Bundled models the importer cannot take yet, so no database can exist for them (none now).

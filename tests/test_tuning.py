@@ -13,7 +13,8 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import tiny_mlp  # noqa: E402
 
-from tvmopt.tuning import tune as tuning  # noqa: E402
+from tvmopt import errors
+from tvmopt.tuning import database, measure, replay, tasks, tune  # noqa: E402
 from tvmopt.cli.main import main  # noqa: E402
 from tvmopt.errors import TargetError  # noqa: E402
 from tvmopt.targets.registry import get_target  # noqa: E402
@@ -28,7 +29,7 @@ def tuned(tmp_path_factory):
     model = tiny_mlp(root / "mlp.onnx")
     db = root / "db"
     # A small population keeps the search cheap on 2 busy cores; 8 trials still find schedules.
-    result = tuning.tune(tuning.TuneOptions(model=model, trials=8, db=str(db), shapes=SHAPE,
+    result = tune.tune(tune.TuneOptions(model=model, trials=8, db=str(db), shapes=SHAPE,
                                             trials_per_round=4, population=32))
     return model, db, result
 
@@ -45,7 +46,7 @@ def test_tune_finds_schedules_without_build_failures(tuned):
     assert {t.name for t in result.tasks} == {"fused_matmul_add_relu", "fused_matmul1_add1"}
     assert all(t.best_s is not None and t.trials > 0 for t in result.tasks)
     assert result.estimate_s == pytest.approx(sum(t.weight * t.best_s for t in result.tasks))
-    manifest = json.loads((db / tuning.MANIFEST_FILE).read_text())
+    manifest = json.loads((db / database.MANIFEST_FILE).read_text())
     assert manifest["target"]["name"] == "x86-avx2"
     assert manifest["trials"] == 8 and manifest["shapes"] == {"x": [1, 32]}
     assert manifest["target"]["tvm"]["kind"] == "llvm"
@@ -61,7 +62,7 @@ def test_replay_hits_every_task_and_matches_onnxruntime(tuned, tmp_path):
     assert "2/2 tasks served from the database, 0 fell back" in " ".join(res.output.split())
     tun = json.loads((out / "manifest.json").read_text())["tuning"]
     assert tun["hit_rate"] == 1.0 and tun["misses"] == [] and tun["hits"] == 2
-    assert tun["sha256"] == tuning.database_sha256(db)
+    assert tun["sha256"] == database.database_sha256(db)
 
 
 def test_replay_schedules_are_applied_before_dlight(tuned):
@@ -74,12 +75,12 @@ def test_replay_schedules_are_applied_before_dlight(tuned):
     model, db, _ = tuned
     hw = get_target("x86")
     imported = import_onnx(load_onnx(model), SHAPE)
-    replay = tuning.replay_database(db, hw, imported.mod, require=True)
+    rep = replay.replay_database(db, hw, imported.mod, require=True)
     mod = pipeline.optimize(imported.mod, hw.to_tvm(), "cpu",
-                            pipeline.PipelineConfig(database=replay.db), until="database")
+                            pipeline.PipelineConfig(database=rep.db), until="database")
     scheduled = sorted(gv.name_hint for gv, f in mod.functions.items()
                        if f.attrs is not None and f.attrs.get("tirx.is_scheduled", False))
-    assert scheduled == sorted(replay.hits)
+    assert scheduled == sorted(rep.hits)
 
 
 def test_other_shape_misses_and_require_db_names_them(tuned, tmp_path):
@@ -96,7 +97,7 @@ def test_other_shape_misses_and_require_db_names_them(tuned, tmp_path):
 def test_corrupt_and_truncated_lines_are_skipped_with_a_count(tuned, tmp_path):
     model, db, _ = tuned
     bad = _copy_db(db, tmp_path / "bad")
-    rec = bad / tuning.RECORD_FILE
+    rec = bad / database.RECORD_FILE
     lines = rec.read_text().splitlines()
     rec.write_text("\n".join(["not json", lines[0], "[99, []]"] + lines[1:]) + "\n"
                    + lines[-1][: len(lines[-1]) // 2])  # a line cut by a kill
@@ -106,31 +107,31 @@ def test_corrupt_and_truncated_lines_are_skipped_with_a_count(tuned, tmp_path):
     assert res.exit_code == 0, res.output
     assert "skipped 3 corrupt or truncated database lines" in " ".join(res.output.split())
     assert json.loads((out / "manifest.json").read_text())["tuning"]["skipped_lines"] == 3
-    rep = tuning.sanitize_files(bad, tmp_path / "clean")
+    rep = database.sanitize_files(bad, tmp_path / "clean")
     assert (rep.records, rep.bad_record_lines) == (len(lines), 3)
 
 
 def test_database_for_another_target_is_refused(tuned, tmp_path):
     model, db, _ = tuned
     other = _copy_db(db, tmp_path / "other")
-    m = json.loads((other / tuning.MANIFEST_FILE).read_text())
+    m = json.loads((other / database.MANIFEST_FILE).read_text())
     m["target"]["name"] = "arm64-neon"
     m["target"]["tvm_dict"] = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
-    (other / tuning.MANIFEST_FILE).write_text(json.dumps(m))
+    (other / database.MANIFEST_FILE).write_text(json.dumps(m))
     res = CliRunner().invoke(main, ["compile", model, "--shape", "x=1x32", "--db", str(other),
                                     "-o", str(tmp_path / "d")])
     assert res.exit_code == 1
     assert "tuned for target 'arm64-neon'" in res.output and "Traceback" not in res.output
     with pytest.raises(TargetError):
-        tuning.tune(tuning.TuneOptions(model=model, trials=8, db=str(other), shapes=SHAPE))
+        tune.tune(tune.TuneOptions(model=model, trials=8, db=str(other), shapes=SHAPE))
 
 
 def test_locked_database_is_refused(tuned, tmp_path):
     model, db, _ = tuned
     copy = _copy_db(db, tmp_path / "locked")
-    with tuning.locked(copy):
-        with pytest.raises(tuning.TuningError, match="being tuned by another process"):
-            tuning.tune(tuning.TuneOptions(model=model, trials=16, db=str(copy), shapes=SHAPE))
+    with database.locked(copy):
+        with pytest.raises(errors.TuningError, match="being tuned by another process"):
+            tune.tune(tune.TuneOptions(model=model, trials=16, db=str(copy), shapes=SHAPE))
 
 
 def test_spent_budget_runs_nothing_and_reports(tuned, tmp_path):
@@ -147,18 +148,18 @@ def test_missing_only_tunes_just_the_tasks_without_a_record(tuned, tmp_path):
     model, db, _ = tuned
     copy = _copy_db(db, tmp_path / "partial")
     # Drop every record of workload 1: that task is "missing", the other keeps its records.
-    rec = copy / tuning.RECORD_FILE
+    rec = copy / database.RECORD_FILE
     lines = [ln for ln in rec.read_text().splitlines() if ln.strip()]
     kept = [ln for ln in lines if json.loads(ln)[0] != 1]
     assert 0 < len(kept) < len(lines)
     rec.write_text("\n".join(kept) + "\n")
-    result = tuning.tune(tuning.TuneOptions(model=model, trials=len(kept) + 4, db=str(copy),
+    result = tune.tune(tune.TuneOptions(model=model, trials=len(kept) + 4, db=str(copy),
                                             shapes=SHAPE, trials_per_round=4, population=32,
                                             missing_only=True))
     assert len(result.tasks) == 1 and result.tasks[0].best_s is not None
     assert result.trials_run == 4 and result.build_failures == 0
     # Now nothing is missing: a second run tunes nothing, whatever the budget.
-    again = tuning.tune(tuning.TuneOptions(model=model, trials=100, db=str(copy), shapes=SHAPE,
+    again = tune.tune(tune.TuneOptions(model=model, trials=100, db=str(copy), shapes=SHAPE,
                                            missing_only=True))
     assert again.trials_run == 0 and again.tasks == []
 
@@ -166,48 +167,48 @@ def test_missing_only_tunes_just_the_tasks_without_a_record(tuned, tmp_path):
 def test_prune_keeps_best_record_per_task(tuned, tmp_path):
     model, db, result = tuned
     copy = _copy_db(db, tmp_path / "pruned")
-    before, after = tuning.prune(copy, top_k=1)
+    before, after = database.prune(copy, top_k=1)
     assert (before, after) == (8, 2)
     hw = get_target("x86")
-    fused, _ = tuning.fused_module(model, SHAPE, hw)
-    replay = tuning.open_for_replay(copy, hw, fused)
-    assert replay.hit_rate == 1.0
-    pruned = tuning.summarize(replay.db, tuning.extract_tasks(fused, hw.to_tvm()))
+    fused, _ = tune.fused_module(model, SHAPE, hw)
+    rep = replay.open_for_replay(copy, hw, fused)
+    assert rep.hit_rate == 1.0
+    pruned = tune.summarize(rep.db, tasks.extract_tasks(fused, hw.to_tvm()))
     assert {t.name: t.best_s for t in pruned} == pytest.approx(
         {t.name: t.best_s for t in result.tasks})
-    assert json.loads((copy / tuning.MANIFEST_FILE).read_text())["pruned_top_k"] == 1
+    assert json.loads((copy / database.MANIFEST_FILE).read_text())["pruned_top_k"] == 1
 
 
 def test_host_port_and_options_are_validated():
-    assert tuning.parse_host_port("127.0.0.1:9190") == ("127.0.0.1", 9190)
+    assert measure.parse_host_port("127.0.0.1:9190") == ("127.0.0.1", 9190)
     for bad in ("9190", "host:", "host:abc"):
-        with pytest.raises(tuning.TuningError, match="HOST:PORT"):
-            tuning.parse_host_port(bad)
-    with pytest.raises(tuning.TuningError, match="--trials"):
-        tuning.TuneOptions(model="m.onnx", trials=-1)
-    with pytest.raises(tuning.TuningError, match="--rpc-key"):
-        tuning.TuneOptions(model="m.onnx", rpc_tracker="127.0.0.1:9190")
-    with pytest.raises(tuning.TuningError, match="HOST:PORT"):
-        tuning.TuneOptions(model="m.onnx", rpc_tracker="localhost", rpc_key="k")
-    opts = tuning.TuneOptions(model="dir/my_model.onnx", target="x86")
+        with pytest.raises(errors.TuningError, match="HOST:PORT"):
+            measure.parse_host_port(bad)
+    with pytest.raises(errors.TuningError, match="--trials"):
+        tune.TuneOptions(model="m.onnx", trials=-1)
+    with pytest.raises(errors.TuningError, match="--rpc-key"):
+        tune.TuneOptions(model="m.onnx", rpc_tracker="127.0.0.1:9190")
+    with pytest.raises(errors.TuningError, match="HOST:PORT"):
+        tune.TuneOptions(model="m.onnx", rpc_tracker="localhost", rpc_key="k")
+    opts = tune.TuneOptions(model="dir/my_model.onnx", target="x86")
     assert Path(opts.db) == Path("schedules/my_model/x86-avx2")
 
 
 def test_intrinsics_loaded_per_target_family():
     import tvm
 
-    assert tuning._target_intrinsic_modules(tvm.target.Target({"kind": "llvm"})) == ["x86"]
+    assert measure._target_intrinsic_modules(tvm.target.Target({"kind": "llvm"})) == ["x86"]
     arm = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
-    assert tuning._target_intrinsic_modules(arm) == ["arm_cpu"]
-    assert tuning._target_intrinsic_modules(tvm.target.Target({"kind": "cuda"})) == ["cuda"]
+    assert measure._target_intrinsic_modules(arm) == ["arm_cpu"]
+    assert measure._target_intrinsic_modules(tvm.target.Target({"kind": "cuda"})) == ["cuda"]
 
 
 
 def test_weight_prepack_setting_must_match_the_database(tuned, tmp_path):
     model, db, _ = tuned
     copy = _copy_db(db, tmp_path / "layout")
-    with pytest.raises(tuning.TuningError, match="weight_prepack=False"):
-        tuning.tune(tuning.TuneOptions(model=model, trials=16, db=str(copy), shapes=SHAPE,
+    with pytest.raises(errors.TuningError, match="weight_prepack=False"):
+        tune.tune(tune.TuneOptions(model=model, trials=16, db=str(copy), shapes=SHAPE,
                                        weight_prepack=True))
 
 
@@ -217,7 +218,7 @@ def test_tuning_inputs_keep_indices_in_range():
     import numpy as np
     import tvm
 
-    from tvmopt.tuning.tune import alloc_arguments_in_range
+    from tvmopt.tuning.measure import alloc_arguments_in_range
 
     (args,) = alloc_arguments_in_range(tvm.cpu(), [["TENSOR", "int64", [64]],
                                                    ["TENSOR", "float32", [64]]], 1)

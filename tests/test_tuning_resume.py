@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import tiny_mlp  # noqa: E402
 
-from tvmopt.tuning import tune as tuning  # noqa: E402
+from tvmopt.tuning import database, tune  # noqa: E402
 
 
 @pytest.mark.slow
@@ -26,7 +26,7 @@ def test_killed_tuning_resumes(tmp_path):
            "--db", str(db), "--trials", "64", "--trials-per-round", "4", "--population", "32"]
     log = (tmp_path / "tune.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    records = db / tuning.RECORD_FILE
+    records = db / database.RECORD_FILE
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -43,13 +43,13 @@ def test_killed_tuning_resumes(tmp_path):
     kept = len(records.read_text().splitlines())
     with records.open("a") as f:  # what a kill in the middle of a write leaves behind
         f.write('[0, [[["SampleCategorical", ')
-    result = tuning.tune(tuning.TuneOptions(model=model, trials=kept + 4, db=str(db),
+    result = tune.tune(tune.TuneOptions(model=model, trials=kept + 4, db=str(db),
                                             shapes={"x": (1, 32)}, trials_per_round=4, population=32))
     assert result.sanitized.bad_record_lines == 1
     assert result.trials_before == kept
     assert result.trials_run == 4 and result.build_failures == 0
     assert len(records.read_text().splitlines()) == kept + 4
-    assert tuning.read_manifest(db)["trials"] == kept + 4
+    assert database.read_manifest(db)["trials"] == kept + 4
 
 
 # A shell's background jobs ignore SIGINT; restore Python's handler as a terminal would.
@@ -86,7 +86,7 @@ def _start_tune(tmp_path, boot=_BOOT):
     """`tvmopt tune` in its own process group (the test plays the terminal)."""
     model = tiny_mlp(tmp_path / "mlp.onnx")
     db = tmp_path / "db"
-    extra = [str(db / tuning.RECORD_FILE)] if boot is _BOOT_CTRL_C_IN_TVM_LOGGING else []
+    extra = [str(db / database.RECORD_FILE)] if boot is _BOOT_CTRL_C_IN_TVM_LOGGING else []
     cmd = [sys.executable, "-c", boot, *extra, "tune", model, "--shape", "x=1x32",
            "--db", str(db), "--trials", "64", "--trials-per-round", "4", "--population", "32"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -136,7 +136,7 @@ def _read_until(proc, needle, timeout=120.0) -> str:
 @pytest.mark.slow
 def test_ctrl_c_keeps_records_and_reports(tmp_path):
     proc, db = _start_tune(tmp_path, boot=_BOOT_CTRL_C_IN_TVM_LOGGING)
-    records = db / tuning.RECORD_FILE
+    records = db / database.RECORD_FILE
     try:
         out, _ = proc.communicate(timeout=600)  # the process sends itself the Ctrl-C
     finally:
@@ -151,15 +151,15 @@ def test_ctrl_c_keeps_records_and_reports(tmp_path):
     # The workers ignored the group's SIGINT: the batch in flight was not recorded as failed.
     assert "failed builds 0, failed runs 0" in text, out[-800:]
     kept = len(records.read_text().splitlines())
-    assert kept >= 4 and tuning.read_manifest(db)["trials"] == kept
-    rep = tuning.sanitize_files(db, tmp_path / "check")
+    assert kept >= 4 and database.read_manifest(db)["trials"] == kept
+    rep = database.sanitize_files(db, tmp_path / "check")
     assert rep.records == kept and rep.dropped == 0
 
 
 @pytest.mark.slow
 def test_second_ctrl_c_quits_at_once_keeping_records(tmp_path):
     proc, db = _start_tune(tmp_path)
-    records = db / tuning.RECORD_FILE
+    records = db / database.RECORD_FILE
     try:
         _wait_for_records(proc, records)
         _ctrl_c(proc)
@@ -181,5 +181,5 @@ def test_second_ctrl_c_quits_at_once_keeping_records(tmp_path):
     while _live_group_members(proc.pid):
         assert time.monotonic() < deadline, "worker processes outlived tvmopt tune"
         time.sleep(0.1)
-    rep = tuning.sanitize_files(db, tmp_path / "check")
+    rep = database.sanitize_files(db, tmp_path / "check")
     assert rep.records >= 4 and rep.bad_record_lines <= 1

@@ -10,7 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import tiny_mlp  # noqa: E402
 
-from tvmopt.tuning import rpc, tune as tuning  # noqa: E402
+from tvmopt import errors
+from tvmopt.tuning import database, measure, rpc, tune  # noqa: E402
 
 
 @pytest.fixture
@@ -33,16 +34,16 @@ def farm():
 @pytest.mark.slow  # about a minute alone, several on busy cores
 def test_tune_through_rpc_tracker(farm, tmp_path):
     model = tiny_mlp(tmp_path / "mlp.onnx")
-    result = tuning.tune(tuning.TuneOptions(
+    result = tune.tune(tune.TuneOptions(
         model=model, trials=8, db=str(tmp_path / "db"), shapes={"x": (1, 32)},
         rpc_tracker=farm, rpc_key="tvmopt-test", trials_per_round=4, population=32))
     assert result.trials_run == 8
     assert result.build_failures == 0 and result.run_failures == 0
     assert all(t.best_s is not None for t in result.tasks)
-    manifest = tuning.read_manifest(tmp_path / "db")
+    manifest = database.read_manifest(tmp_path / "db")
     assert manifest["rpc"] == {"tracker": farm, "key": "tvmopt-test"}
 
 
 def test_rpc_key_is_required_with_tracker():
-    with pytest.raises(tuning.TuningError, match="--rpc-key"):
-        tuning.make_runner("127.0.0.1:9190", None)
+    with pytest.raises(errors.TuningError, match="--rpc-key"):
+        measure.make_runner("127.0.0.1:9190", None)

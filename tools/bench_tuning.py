@@ -95,7 +95,7 @@ def _torch_module(name: str):
 def bench_model(name: str, model: Path, runs: int, workdir: Path) -> list[dict]:
     import torch
 
-    from tvmopt.tuning.tune import bundled_db_dir
+    from tvmopt.tuning.database import bundled_db_dir
     from tvmopt.runtime.verify import ort_session
 
     feeds = _feeds(name)
@@ -154,7 +154,7 @@ def efficiency(name: str, model: Path, full_db: Path, runs: int, workdir: Path,
     `name` is a bundled model, or any label with `shapes` given (e.g. tools/make_large_models.py's
     ResNet-18); the last row is onnxruntime on the same inputs, threads = cores.
     """
-    from tvmopt.tuning.tune import MANIFEST_FILE, RECORD_FILE, WORKLOAD_FILE
+    from tvmopt.tuning.database import MANIFEST_FILE, RECORD_FILE, WORKLOAD_FILE
     from tvmopt.runtime.verify import ort_session
 
     shapes = shapes or SHAPES[name]

@@ -49,7 +49,7 @@ def build_modes(name: str, model: Path, db: Path, out: Path, modes) -> dict[str,
     from tvmopt.frontend.importer import import_onnx
     from tvmopt.frontend.onnx_model import load_onnx
     from tvmopt.targets.registry import get_target
-    from tvmopt.tuning.tune import replay_database
+    from tvmopt.tuning.replay import replay_database
 
     bt = _bench_module()
     hw = get_target(bt.TARGET)
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     from tvm import relax
 
     from tvmopt.models import bundled
-    from tvmopt.tuning.tune import bundled_db_dir
+    from tvmopt.tuning.database import bundled_db_dir
     from tvmopt.runtime.verify import ort_session
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

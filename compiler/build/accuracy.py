@@ -7,15 +7,12 @@ Kept out of compile.py so that file only gains one call per step.
 from __future__ import annotations
 
 import os
-import shutil
 
 import numpy as np
 
-from ..errors import BuildError, VerificationError
+from ..errors import VerificationError
+from ..targets.cross import cross_cc
 from ..targets.registry import HardwareTarget, host_arch
-
-_CROSS_CC = {"aarch64": "aarch64-linux-gnu-g++", "x86_64": "x86_64-linux-gnu-g++"}
-
 
 def plan_and_passes(opts, hw: HardwareTarget, model, log=print):
     """Make the plan for `opts`, print its decisions, and return (plan, precision passes)."""
@@ -79,16 +76,6 @@ def cuda_report(executable, hw: HardwareTarget, plan, log=print) -> tuple[bytes,
         log(f"warning: {note}")
     return src.encode(), info
 
-
-def cross_cc(hw: HardwareTarget) -> str | None:
-    """The C++ compiler that links a library for `hw`, or None for this host's own."""
-    if hw.device != "cpu" or hw.arch == host_arch():
-        return None
-    cc = _CROSS_CC.get(hw.arch)
-    if cc is None or shutil.which(cc) is None:
-        raise BuildError(f"target '{hw.name}' is {hw.arch}; linking it here needs {cc or 'a cross compiler'} "
-                         "(Debian: apt-get install g++-aarch64-linux-gnu); 'tvmopt plan' works without it")
-    return cc
 
 
 def accuracy_report(art, imported, cfg, hw: HardwareTarget, opts, log=print) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import ShapeError, TvmoptError
 from ..frontend.onnx_model import load_onnx, parse_shape_spec, sha256_file
-from ..targets.registry import HardwareTarget, get_target
+from ..targets.registry import HardwareTarget, get_target, target_json
 from ..runtime.verify import Tolerance
 
 
@@ -38,7 +38,7 @@ class CompileOptions:
     tolerance: Tolerance = field(default_factory=Tolerance)
     verify_dims: dict[str, int] = field(default_factory=dict)
     save_temps: str | None = None
-    # "auto" or a precision from tvmopt.precision.plan.CHOICES; max error allowed vs the fp32 build
+    # "auto" or a precision from tvmopt.precision.policy.SCHEMES; max error allowed vs the fp32 build
     precision: str = "auto"
     max_error: float | None = None
     db: str | None = None
@@ -110,7 +110,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     # must come after everything else that fills `cfg` (precision passes change the kernels).
     replay = None
     if opts.db:
-        from ..tuning.tune import replay_database
+        from ..tuning.replay import replay_database
 
         t_db = time.perf_counter()
         replay = replay_database(opts.db, hw, imported.mod, opts.require_db, cfg)
@@ -172,12 +172,6 @@ def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, i
     verify.check(errors, tol)
     return errors
 
-
-def target_json(target) -> dict:
-    """The full TVM target (every attribute, defaults included) as plain JSON."""
-    import json
-
-    return json.loads(str(target))
 
 
 def _tvm_version() -> str:

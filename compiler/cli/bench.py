@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .main import main
+from . import options
 
 
 def _int_list(ctx, param, value) -> list[int]:
@@ -21,17 +21,15 @@ def _name_list(ctx, param, value) -> list[str]:
     return [x.strip() for x in (value or "").split(",") if x.strip()]
 
 
-@main.command()
+@click.command()
 @click.argument("path", type=click.Path(), required=False)
 @click.option("--model", type=click.Path(dir_okay=False),
               help="The .onnx for baselines when PATH is an artifact [default: the file whose "
                    "sha256 the manifest records, beside the artifact or bundled].")
-@click.option("--target", "-t", default="x86", show_default=True,
-              help="Compile target when PATH is an .onnx model.")
+@options.target("Compile target when PATH is an .onnx model.")
 @click.option("-o", "--output", type=click.Path(),
               help="Folder for artifacts compiled from a model [default: tvmopt-out/bench/STEM].")
-@click.option("--shape", "shapes", multiple=True, metavar="NAME=1x3x224x224",
-              help="Shape overrides when compiling (repeatable).")
+@options.shapes("Shape overrides when compiling (repeatable).")
 @click.option("--batch", "batches", default="1", show_default=True, callback=_int_list,
               help="Closed-loop batch sweep, e.g. 1,8,32.")
 @click.option("--runs", type=int, default=50, show_default=True, help="Timed calls per runner and batch.")
@@ -79,9 +77,8 @@ def bench(path, model, target, output, shapes, batches, runs, warmup, max_second
     """
     from ..bench.report import print_bench, write_csv, write_json, write_plot
     from ..bench.suite import BenchOptions, run_bench
-    from .main import _default_model
 
-    opts = BenchOptions(path=path or _default_model(), model=model, target=target, output=output,
+    opts = BenchOptions(path=path or options.default_model(), model=model, target=target, output=output,
                         shapes=list(shapes), batches=batches, runs=runs, warmup=warmup,
                         max_seconds=max_seconds, baselines=baselines, threads=threads, load=load,
                         rate=rate, duration=duration, burst=burst, sizes=sizes,

@@ -66,7 +66,7 @@ def int8_weight_pass(hw: HardwareTarget, force: bool = False):
     import tvm
     from tvm import relax
 
-    from .plan import int8_weight_wins
+    from .costs import int8_weight_wins
 
     def rewrite(builder, call):
         x, w = call.args

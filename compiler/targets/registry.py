@@ -329,3 +329,10 @@ def check_host_can_run(device: str, arch: str, features: list[str] | tuple[str, 
     missing = sorted(set(features) - host_cpu_features())
     if missing:
         raise TargetError(f"artifact needs CPU features {missing} that this host lacks")
+
+
+def target_json(target) -> dict:
+    """The full TVM target (every attribute, defaults included) as plain JSON."""
+    import json
+
+    return json.loads(str(target))

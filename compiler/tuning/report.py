@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from rich.console import Console
 from rich.table import Table
 
-_console = Console()
+from ..console import console as _console
 
 
 def _ms(s: float | None) -> str:

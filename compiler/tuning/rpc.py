@@ -10,7 +10,8 @@ import contextlib
 import socket
 import time
 
-from .tune import TuningError, parse_host_port
+from ..errors import TuningError
+from .measure import parse_host_port
 
 
 def free_port(host: str = "127.0.0.1") -> int:
