@@ -1,11 +1,17 @@
 """The compilation pipeline: an ordered list of named phases, chosen per device by one table.
 
 import -> simplify -> precision -> fusion/legalize -> schedule (database, then dlight) -> lower.
-Each phase is a list of Relax/TIR passes; `phase_names()` is what the manifest records.
+Each phase is a list of Relax/TIR passes; `pass_names()` is what the manifest records.
+
+`optimize(mod, target, cfg, until="fuse")` runs the *front half*: the module after fusion is what
+the planner analyses, tuning extracts tasks from and a database is matched against.
+`build(fused, target, cfg, start_after="fuse")` continues from it, so one compile runs each phase
+once. `record_phases()` lists the phases that run (the hook tests and profiling use).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -78,12 +84,16 @@ def _fast_math(target, cfg):
 def _fuse_legalize(target, cfg):
     from tvm import relax
 
+    from .passes.fusion_record import RecordFusedOps, RecordKernelCount
     from .passes.symbolic_order import OrderSymbolicDefs
 
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if cfg.weight_prepack else []
     # OrderSymbolicDefs: FuseOps may emit a group before the match_cast defining its dims.
-    return [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(), relax.transform.FuseOps(), OrderSymbolicDefs(),
+    # The Record* passes note, in module attributes, the kernel count before fusion and the ops
+    # of each fused kernel: what the planner reports, read from the fused module alone.
+    return [relax.transform.LegalizeOps(), RecordKernelCount(),
+            relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+            relax.transform.FuseOps(), OrderSymbolicDefs(), RecordFusedOps(),
             relax.transform.FuseTIR(), *prepack]
 
 
@@ -131,6 +141,10 @@ def _lower(target, cfg):
 
 Phase = tuple[str, Callable]
 
+# The last phase of the front half (see optimize): tuning tasks, the plan and database replay
+# all read the module after it.
+FRONT_HALF = "fuse"
+
 # The one table of per-device behaviour.
 PHASES: dict[str, list[Phase]] = {
     "cpu": [("simplify", _simplify), ("precision", _precision), ("fastmath", _fast_math),
@@ -141,11 +155,26 @@ PHASES: dict[str, list[Phase]] = {
 }
 
 
+def device_of(target) -> str:
+    """The PHASES key for a TVM target: 'cuda' for CUDA, 'cpu' for LLVM."""
+    return "cuda" if target.kind.name == "cuda" else "cpu"
+
+
 def phases(device: str) -> list[Phase]:
     if device not in PHASES:
         raise BuildError(f"no compilation pipeline for device '{device}' "
                          f"(known: {', '.join(PHASES)})")
     return PHASES[device]
+
+
+def phase_names(device: str) -> list[str]:
+    return [name for name, _ in phases(device)]
+
+
+def front_half(device: str) -> list[str]:
+    """The phases up to and including FRONT_HALF."""
+    names = phase_names(device)
+    return names[: names.index(FRONT_HALF) + 1]
 
 
 def pass_names(device: str, target, cfg: PipelineConfig) -> dict[str, list[str]]:
@@ -159,24 +188,61 @@ def pass_names(device: str, target, cfg: PipelineConfig) -> dict[str, list[str]]
     return out
 
 
-def optimize(mod, target, device: str, cfg: PipelineConfig | None = None,
-             dump: Callable[[str, object], None] | None = None, until: str | None = None):
-    """Run every phase before `lower` on `mod`; return the optimized IRModule.
+# ------------------------------------------------------------------------ phase-run events
+_listeners: list[list[str]] = []
+
+
+@contextlib.contextmanager
+def record_phases():
+    """Collect the name of every phase run inside the block, in order.
+
+    Yields:
+        The list the names are appended to.
+    """
+    runs: list[str] = []
+    _listeners.append(runs)
+    try:
+        yield runs
+    finally:
+        _listeners.remove(runs)
+
+
+def _ran(name: str) -> None:
+    for runs in _listeners:
+        runs.append(name)
+
+
+# ------------------------------------------------------------------------ drivers
+def optimize(mod, target, cfg: PipelineConfig | None = None, until: str | None = None,
+             dump: Callable[[str, object], None] | None = None, start_after: str | None = None):
+    """Run the phases before `lower` on `mod`; return the optimized IRModule.
 
     Args:
-        dump: called as dump(phase_name, mod) after each phase (TVMOPT_SAVE_TEMPS).
-        until: stop after this phase (e.g. "fuse": the module whose fused functions tuning
+        until: stop after this phase (e.g. "fuse": the front half, whose fused functions tuning
             extracts as tasks and the database phase later looks up).
+        dump: called as dump(phase_name, mod) after each phase (TVMOPT_SAVE_TEMPS).
+        start_after: `mod` already went through the phases up to this one (e.g. "fuse": the
+            front half's output); run only the phases after it.
     """
     import tvm
 
     cfg = cfg or PipelineConfig()
+    device = device_of(target)
+    todo = phase_names(device)
+    if start_after is not None:
+        if start_after not in todo:
+            raise BuildError(f"no phase '{start_after}' in the {device} pipeline "
+                             f"({', '.join(todo)})")
+        todo = todo[todo.index(start_after) + 1:]
     ctx_db = cfg.database if cfg.database is not None else None
     with target:
         for name, make in phases(device):
             if name == "lower":
                 break
+            if name not in todo:
+                continue
             seq = tvm.transform.Sequential(make(target, cfg), name=f"tvmopt.{name}")
+            _ran(name)
             if ctx_db is not None and name == "database":
                 with ctx_db:
                     mod = seq(mod)
@@ -189,9 +255,12 @@ def optimize(mod, target, device: str, cfg: PipelineConfig | None = None,
     return mod
 
 
-def build(mod, target, device: str, cfg: PipelineConfig | None = None,
-          dump: Callable[[str, object], None] | None = None):
+def build(mod, target, cfg: PipelineConfig | None = None,
+          dump: Callable[[str, object], None] | None = None, start_after: str | None = None):
     """Optimize and compile `mod` to a Relax VM executable.
+
+    Args:
+        start_after: as in `optimize`: "fuse" continues from the front half's output.
 
     Raises:
         BuildError: TVM failed; the message names the phase.
@@ -199,11 +268,15 @@ def build(mod, target, device: str, cfg: PipelineConfig | None = None,
     import tvm
 
     cfg = cfg or PipelineConfig()
+    device = device_of(target)
     try:
-        mod = optimize(mod, target, device, cfg, dump)
+        mod = optimize(mod, target, cfg, dump=dump, start_after=start_after)
+    except BuildError:
+        raise
     except Exception as err:
         raise BuildError(f"optimization failed: {_last_line(err)}") from err
     lower = tvm.transform.Sequential(dict(phases(device))["lower"](target, cfg), name="tvmopt.lower")
+    _ran("lower")
     try:
         with target:  # TVM's nvcc/nvrtc callback reads the CUDA arch from the current target
             return tvm.relax.build(mod, target=target, relax_pipeline=lower,

@@ -49,19 +49,20 @@ def build_modes(name: str, model: Path, db: Path, out: Path, modes) -> dict[str,
     from tvmopt.frontend.importer import import_onnx
     from tvmopt.frontend.onnx_model import load_onnx
     from tvmopt.targets.registry import get_target
+    from tvmopt.tuning.database import db_weight_prepack
     from tvmopt.tuning.replay import replay_database
 
     bt = _bench_module()
     hw = get_target(bt.TARGET)
     target = hw.to_tvm()
     imported = import_onnx(load_onnx(str(model)), bt.SHAPES[name])
-    cfg = pipeline.PipelineConfig()
-    replay = replay_database(str(db), hw, imported.mod, True, cfg)
-    cfg.database, cfg.weight_prepack = replay.db, replay.weight_prepack
+    cfg = pipeline.PipelineConfig(weight_prepack=db_weight_prepack(db))
+    fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF)
+    cfg.database = replay_database(str(db), hw, fused, True).db
     libs = {}
     for mode in modes:
         cfg.exec_mode = mode
-        ex = pipeline.build(imported.mod, target, hw.device, cfg)
+        ex = pipeline.build(fused, target, cfg, start_after=pipeline.FRONT_HALF)
         libs[mode] = out / f"{name}-{mode}.so"
         ex.export_library(str(libs[mode]))
     return libs

@@ -1,81 +1,12 @@
-"""The hardware-aware part of `compile` (issue 5): plan -> precision passes -> manifest, the
-accuracy report of non-fp32 builds, and the cross compiler for foreign-arch targets.
-
-Kept out of compile.py so that file only gains one call per step.
-"""
+"""The accuracy report of a non-fp32 build: its outputs against an fp32 build of the same
+graph, both built and run in memory on the host CPU."""
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 
 from ..errors import VerificationError
-from ..targets.cross import cross_cc
-from ..targets.registry import HardwareTarget, host_arch
-
-def plan_and_passes(opts, hw: HardwareTarget, model, log=print):
-    """Make the plan for `opts`, print its decisions, and return (plan, precision passes)."""
-    from ..precision.plan import make_plan
-    from ..precision.rewrites import passes_for
-
-    cross_cc(hw)  # a missing cross compiler fails now, not after the build
-    if hw.device == "cuda":
-        from ..targets.cuda import enable_cuda_codegen
-
-        enable_cuda_codegen()
-    from ..passes.schedule_guard import take_fallbacks
-
-    take_fallbacks()  # start this build's record empty
-    plan = make_plan(model, hw, opts.precision, dims=opts.verify_dims, shapes=opts.shapes)
-    for d in plan.decisions:
-        log(f"precision {d.precision}: {d.action}: {d.reason}")
-    return plan, passes_for(plan, hw)
-
-
-def precision_manifest(plan) -> dict:
-    """The manifest's "precision" section: what was asked, what was chosen, and every decision."""
-    return {
-        "requested": plan.requested,
-        "default": plan.precision,
-        "decisions": [{"precision": d.precision, "action": d.action, "reason": d.reason}
-                      for d in plan.decisions],
-        "kernels": {k.name: {"precision": k.precision, "why": k.why} for k in plan.kernels},
-    }
-
-
-def schedule_fallbacks(log=print) -> list[dict]:
-    """Kernels whose preferred dlight rule failed during this build (printed, for the manifest)."""
-    from ..passes.schedule_guard import take_fallbacks
-
-    out = take_fallbacks()
-    for f in out:
-        why = " (no tensor cores)" if f["rule"] == "Matmul" else ""
-        log(f"schedule: {f['rule']} failed on {f['kernel']} ({f['error']}); "
-            f"the kernel uses the next dlight rule{why}")
-    return out
-
-
-def cuda_report(executable, hw: HardwareTarget, plan, log=print) -> tuple[bytes, dict]:
-    """The CUDA source for the artifact, and which kernels got tensor-core (MMA) code.
-
-    The plan predicts fp16 matmul/conv time at the tensor-core peak; when dlight gave no kernel
-    a tensor-core schedule that prediction does not hold, and this says so.
-    """
-    from ..targets.cuda import cuda_source, tensor_core_kernels
-
-    src = cuda_source(executable)
-    with_tc, kernels = tensor_core_kernels(src)
-    info = {"arch": hw.tvm.get("arch"), "compiler": os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc"),
-            "kernels": len(kernels), "tensor_core_kernels": with_tc}
-    log(f"cuda {info['arch']}: {len(kernels)} kernels, {len(with_tc)} with tensor-core MMA")
-    if plan.precision == "fp16" and not with_tc:
-        note = ("fp16 was chosen assuming tensor-core matmul/conv, but no kernel got a tensor-core "
-                "schedule from dlight; fp16 still halves memory traffic")
-        info["note"] = note
-        log(f"warning: {note}")
-    return src.encode(), info
-
+from ..targets.registry import HardwareTarget
 
 
 def accuracy_report(art, imported, cfg, hw: HardwareTarget, opts, log=print) -> dict:
@@ -86,25 +17,17 @@ def accuracy_report(art, imported, cfg, hw: HardwareTarget, opts, log=print) -> 
     weights), which the host build shares. The result goes into the manifest; with
     `opts.max_error` a larger max error raises VerificationError.
     """
-    import tvm
-    from tvm import relax
-
     from .. import pipeline
     from ..runtime.artifact import update_manifest
-    from ..runtime.loader import flatten_result, random_inputs
-    from ..targets.registry import get_target
+    from ..runtime.in_memory import host_target, run_in_memory
+    from ..runtime.loader import random_inputs
 
-    host = get_target("x86") if host_arch() == "x86_64" else get_target("host")
-    target = host.to_tvm()
+    host = host_target()
     feeds = random_inputs(imported.inputs, opts.verify_dims)
-    outs = []
-    for passes in (cfg.precision_passes, []):
-        ex = pipeline.build(imported.mod, target, "cpu", pipeline.PipelineConfig(
-            database=None, precision_passes=list(passes), extra_passes=list(cfg.extra_passes)))
-        vm = relax.VirtualMachine(ex, tvm.cpu())
-        args = [tvm.runtime.tensor(np.ascontiguousarray(feeds[i.name])) for i in imported.inputs]
-        res = vm["main"](*args)
-        outs.append(flatten_result(res))
+    args = [feeds[i.name] for i in imported.inputs]
+    outs = [run_in_memory(imported.mod, args, host.to_tvm(), pipeline.PipelineConfig(
+                database=None, precision_passes=list(passes), extra_passes=list(cfg.extra_passes)))
+            for passes in (cfg.precision_passes, [])]
     per_output = []
     for info, got, ref in zip(imported.outputs, outs[0], outs[1]):
         d = np.abs(got.astype(np.float64) - ref.astype(np.float64))

@@ -7,10 +7,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ShapeError, TvmoptError
-from ..frontend.onnx_model import load_onnx, parse_shape_spec, sha256_file
-from ..targets.registry import HardwareTarget, get_target, target_json
+from ..errors import BuildError, TvmoptError
+from ..frontend.onnx_model import load_onnx, parse_shapes, sha256_file
+from ..precision.policy import parse as parse_precision
 from ..runtime.verify import Tolerance
+from ..targets.cross import cross_cc
+from ..targets.registry import HardwareTarget, get_target, target_json
+from ..tuning.database import db_weight_prepack
 
 
 @dataclass
@@ -46,13 +49,8 @@ class CompileOptions:
 
     def __post_init__(self):
         if isinstance(self.shapes, (list, tuple)):
-            parsed = {}
-            for spec in self.shapes:
-                name, shape = parse_shape_spec(spec)
-                if name in parsed:
-                    raise ShapeError(f"--shape given twice for '{name}'")
-                parsed[name] = shape
-            self.shapes = parsed
+            self.shapes = parse_shapes(self.shapes)
+        parse_precision(self.precision)
         if self.output is None:
             self.output = str(Path(self.model).with_suffix(".tvmopt"))
         if self.save_temps is None:
@@ -82,44 +80,73 @@ def _dumper(folder: str | None):
 def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     """Import, optimize, build and write an artifact for `opts.model`.
 
+    One front half per compile: the model is imported once and the pipeline runs up to and
+    including `fuse` once; that fused module is what the planner prices, the database is matched
+    against and the build continues from. Only a plan that rewrites precision (fp16, int8
+    weights, integer matmuls in fp32) runs precision..fuse again, since its Relax rewrites must
+    come before legalization.
+
     Raises:
         TvmoptError: any user-facing failure (model, op, shape, target, build, verification).
     """
     from .. import pipeline
-    from ..runtime.artifact import write_artifact
     from ..frontend.importer import import_onnx
+    from ..passes.schedule_guard import take_fallbacks
+    from ..precision.plan import make_plan
+    from ..precision.rewrites import passes_for
+    from ..runtime.artifact import write_artifact
+    from .accuracy import accuracy_report
+    from .manifest import cuda_report, precision_manifest, schedule_fallbacks
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     hw: HardwareTarget = get_target(opts.target)
+    cc = cross_cc(hw)  # a missing cross compiler fails now, not after the build
+    if hw.device == "cuda":
+        from ..targets.cuda import enable_cuda_codegen
+
+        enable_cuda_codegen()
+    take_fallbacks()  # start this build's record empty
     model = load_onnx(opts.model)
     imported = import_onnx(model, opts.shapes)
     timings["import_s"] = time.perf_counter() - t0
 
     target = hw.to_tvm()
-    cfg = pipeline.PipelineConfig()
-    # Precision: the roofline plan picks it per target; its passes run in the precision phase.
-    from .accuracy import (accuracy_report, cross_cc, plan_and_passes, precision_manifest,
-                             schedule_fallbacks, cuda_report)
+    dump = _dumper(opts.save_temps)
+    # A database's records were tuned with or without weight prepack; the front half must match.
+    prepack = db_weight_prepack(opts.db) if opts.db else False
+    cfg = pipeline.PipelineConfig(weight_prepack=prepack)
 
+    # Front half, then the plan of its fp32 kernels: the roofline picks the precision per target.
     t_plan = time.perf_counter()
-    plan, cfg.precision_passes = plan_and_passes(opts, hw, model, log)
+    try:
+        fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF, dump=dump)
+    except Exception as err:
+        raise BuildError(f"optimization failed: {_last_line(err)}") from err
+    plan = make_plan(fused, hw, opts.precision, dims=opts.verify_dims)
+    for d in plan.decisions:
+        log(f"precision {d.precision}: {d.action}: {d.reason}")
+    cfg.precision_passes = passes_for(plan, hw)
+    if cfg.precision_passes:  # the rewrites run in the precision phase, before legalization
+        try:
+            fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF,
+                                      dump=dump)
+        except Exception as err:
+            raise BuildError(f"optimization failed: {_last_line(err)}") from err
     timings["plan_s"] = time.perf_counter() - t_plan
 
-    # Tuning database: matched against the fused module the "database" phase will see, so it
-    # must come after everything else that fills `cfg` (precision passes change the kernels).
+    # Tuning database: matched against the fused module the "database" phase will see.
     replay = None
     if opts.db:
         from ..tuning.replay import replay_database
 
         t_db = time.perf_counter()
-        replay = replay_database(opts.db, hw, imported.mod, opts.require_db, cfg)
+        replay = replay_database(opts.db, hw, fused, opts.require_db)
         cfg.database = replay.db
-        cfg.weight_prepack = replay.weight_prepack  # the layout the records were tuned for
         timings["database_s"] = time.perf_counter() - t_db
 
     t1 = time.perf_counter()
-    ex = pipeline.build(imported.mod, target, hw.device, cfg, dump=_dumper(opts.save_temps))
+    ex = pipeline.build(fused, target, cfg, dump=dump, start_after=pipeline.FRONT_HALF)
     timings["build_s"] = time.perf_counter() - t1
 
     manifest = {
@@ -143,7 +170,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     if replay is not None:
         manifest["tuning"] = replay.to_json()
     t2 = time.perf_counter()
-    art = write_artifact(opts.output, ex, manifest, extra_files=extra, cc=cross_cc(hw))
+    art = write_artifact(opts.output, ex, manifest, extra_files=extra, cc=cc)
     timings["export_s"] = time.perf_counter() - t2
     if plan.precision != "fp32" or any(k.integer_matmul for k in plan.kernels):
         t3 = time.perf_counter()
@@ -172,6 +199,11 @@ def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, i
     verify.check(errors, tol)
     return errors
 
+
+
+def _last_line(err: Exception) -> str:
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else type(err).__name__
 
 
 def _tvm_version() -> str:

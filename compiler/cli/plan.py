@@ -19,12 +19,12 @@ from . import options
 def plan(model, target, precision, shapes, dims, as_json):
     """Per fused kernel: ops, FLOPs, bytes, intensity, bound, precision and predicted time."""
     from ..build.compile import CompileOptions
-    from ..precision.plan import make_plan
+    from ..build.plan import plan_model
     from ..report import print_plan
     from ..targets.registry import get_target
 
     opts = CompileOptions(model=model or options.default_model(), target=target, shapes=list(shapes))
-    p = make_plan(opts.model, get_target(target), precision, dims=options.parse_dims(dims),
+    p = plan_model(opts.model, get_target(target), precision, dims=options.parse_dims(dims),
                   shapes=opts.shapes)
     if as_json:
         click.echo(json.dumps(p.to_json(), indent=2))

@@ -126,6 +126,23 @@ def parse_shape_spec(spec: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+def parse_shapes(specs) -> dict[str, tuple[int, ...]]:
+    """Parse every --shape argument (see parse_shape_spec) into {input name: shape}.
+
+    The one parser of shape specs: compile, plan, tune and bench all read --shape through it.
+
+    Raises:
+        ShapeError: a malformed spec, or the same input named twice.
+    """
+    parsed: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        name, shape = parse_shape_spec(spec)
+        if name in parsed:
+            raise ShapeError(f"--shape given twice for '{name}'")
+        parsed[name] = shape
+    return parsed
+
+
 def resolve_input_shapes(model, overrides: dict[str, tuple[int, ...]]) -> list[TensorInfo]:
     """Apply --shape overrides to the graph inputs and check them.
 

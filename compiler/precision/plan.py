@@ -1,23 +1,20 @@
 """The compilation plan: per fused kernel, what it costs on a target and which precision it gets.
 
-`make_plan` imports the model with static shapes (symbolic dims bound to `dims`, default 1), runs
-tvmopt's own pipeline up to and including the `fuse` phase, and for every fused kernel (each
-PrimFunc called from `main`) measures FLOPs (TVM's `estimate_tir_flops`) and compulsory bytes (its
-buffers), then places it under the target's roofline (`precision.roofline`) for every precision the
-target could use. The precision rule lives here, in one place:
+`make_plan` takes the module the pipeline's front half returns (after the `fuse` phase) and, for
+every fused kernel (each PrimFunc called from `main`), measures FLOPs (TVM's `estimate_tir_flops`)
+and compulsory bytes (its buffers), then places it under the target's roofline
+(`precision.roofline`) for every precision the target could use. The rule that chooses lives in
+`precision.policy`; the planner never runs pipeline phases itself.
 
-    auto never picks a precision the target lacks fast instructions for, or one the plan predicts
-    slower than fp32; every refusal or downgrade becomes a `Decision` that is printed and stored.
-
-`compile` calls the same function, turns the plan into passes (`tvmopt.precision.rewrites`) and stores
-`Plan.to_json()` in the manifest.
+`compile` plans the same fused module it builds, turns the plan into passes
+(`precision.rewrites.passes_for`) and stores `Plan.to_json()` in the manifest.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..errors import TvmoptError
+from ..passes.fusion_record import call_tir_calls, fused_ops, kernels_before_fusion
 from ..targets.registry import HardwareTarget
 from .costs import KernelPlan, kernel_verdict, roof_for
 from .policy import Decision, decide, parse
@@ -54,46 +51,62 @@ class Plan:
 
 
 # ------------------------------------------------------------------------------ analysis (TVM)
-def _static_shapes(inputs, dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
-    return {i.name: tuple(d if isinstance(d, int) else int(dims.get(d, 1)) for d in i.shape)
-            for i in inputs if i.shape is not None}
-
-
-def _count_call_tir(func) -> list:
+def _dim_value(expr, dims: dict[str, int]) -> int:
+    """An integer shape expression, with symbolic dims taken from `dims` (default 1)."""
     import tvm
-    from tvm import relax
 
-    calls = []
+    if isinstance(expr, int):
+        return expr
+    if hasattr(expr, "value"):
+        return int(expr.value)
+    if isinstance(expr, tvm.tirx.Var):
+        return int(dims.get(expr.name, 1))
+    ops = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
+           "FloorDiv": lambda a, b: a // b, "FloorMod": lambda a, b: a % b,
+           "Div": lambda a, b: a // b, "Mod": lambda a, b: a % b, "Max": max, "Min": min}
+    kind = type(expr).__name__
+    if kind in ops:
+        return int(ops[kind](_dim_value(expr.a, dims), _dim_value(expr.b, dims)))
+    if kind == "Cast":
+        return _dim_value(expr.value, dims)
+    return int(expr)
 
-    def visit(e):
-        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.call_tir":
-            calls.append(e)
 
-    relax.analysis.post_order_visit(func.body, visit)
-    return calls
-
-
-def _buffer_bytes(buf) -> float:
+def _buffer_bytes(buf, dims: dict[str, int]) -> float:
     import tvm
 
     n = 1
     for s in buf.shape:
-        n *= int(s)
+        n *= _dim_value(s, dims)
     dt = tvm.DataType(str(buf.dtype))
     return float(n * ((dt.bits * dt.lanes + 7) // 8))
+
+
+def _is_buffer(param) -> bool:
+    try:
+        param.shape
+    except AttributeError:
+        return False
+    return True
 
 
 def _is_float(dtype) -> bool:
     return str(dtype).startswith(("float", "bfloat"))
 
 
-def analyze_module(fused_mod, ops_by_kernel: dict[str, list[str]]) -> list[KernelPlan]:
-    """One KernelPlan per call_tir in `main` of a fused, legalized module."""
+def analyze_module(fused_mod, ops_by_kernel: dict[str, list[str]],
+                   dims: dict[str, int] | None = None) -> list[KernelPlan]:
+    """One KernelPlan per call_tir in `main` of a fused, legalized module.
+
+    Symbolic dims count at their `dims` value (default 1) in buffer sizes; TVM's FLOP estimate
+    counts a loop of symbolic extent once.
+    """
     import tvm
     from tvm.s_tir.analysis import estimate_tir_flops
 
+    dims = dims or {}
     out = []
-    for call in _count_call_tir(fused_mod["main"]):
+    for call in call_tir_calls(fused_mod["main"]):
         gv = call.args[0]
         func = fused_mod[gv]
         args = list(call.args[1].fields)
@@ -102,7 +115,9 @@ def analyze_module(fused_mod, ops_by_kernel: dict[str, list[str]]) -> list[Kerne
         const_2d_float = 0
         in_dtypes = []
         for idx, buf in enumerate(params):
-            b = _buffer_bytes(buf)
+            if not _is_buffer(buf):
+                continue  # a symbolic dim passed as a scalar (call_tir's tir_vars)
+            b = _buffer_bytes(buf, dims)
             total += b
             if _is_float(buf.dtype):
                 floats += b
@@ -127,25 +142,22 @@ def _tvm_mod_of(func, name):
     return tvm.IRModule({name: func})
 
 
-def _fused_ops(mod) -> dict[str, list[str]]:
-    """Fused Relax function name -> the legalized ops it calls, in order (before FuseTIR)."""
-    out = {}
-    for gv, func in mod.functions.items():
-        if func.attrs is not None and "Primitive" in func.attrs:
-            out[gv.name_hint] = [c.args[0].name_hint for c in _count_call_tir(func)]
-    return out
+def _symbolic_dims(mod) -> list[str]:
+    from tvm import relax
+
+    return sorted({v.name for v in relax.analysis.defined_symbolic_vars(mod["main"])})
 
 
-def make_plan(model, hw: HardwareTarget, precision: str = "auto", dims: dict[str, int] | None = None,
-              shapes: dict[str, tuple[int, ...]] | None = None) -> Plan:
-    """Plan the compilation of `model` (path or onnx.ModelProto) for `hw`.
+def make_plan(fused_mod, hw: HardwareTarget, precision: str = "auto",
+              dims: dict[str, int] | None = None) -> Plan:
+    """Plan the compilation of a fused module for `hw`.
 
     Args:
-        model: the ONNX model.
+        fused_mod: the module after the pipeline's front half (`pipeline.optimize(...,
+            until="fuse")`), with no precision rewrites applied: the fp32 kernels to price.
         hw: the target.
-        precision: "auto" or a precision from CHOICES.
+        precision: "auto" or a scheme from `precision.policy.SCHEMES`.
         dims: values for symbolic dimensions (default 1 each).
-        shapes: --shape overrides (take precedence over dims).
 
     Returns:
         The plan, with every kernel's verdict and every precision decision.
@@ -153,44 +165,11 @@ def make_plan(model, hw: HardwareTarget, precision: str = "auto", dims: dict[str
     Raises:
         TargetError: unknown precision, or the target lacks the figures a roofline needs.
     """
-    import tvm
-
-    from .. import pipeline
-    from ..frontend.importer import import_onnx
-    from ..frontend.onnx_model import load_onnx, resolve_input_shapes
-
     parse(precision)
     dims = dict(dims or {})
-    proto = load_onnx(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else model
-    infos = resolve_input_shapes(proto, dict(shapes or {}))
-    used_dims = {d: int(dims.get(d, 1)) for i in infos for d in (i.shape or ()) if isinstance(d, str)}
-    static = _static_shapes(infos, dims)
-    static.update(shapes or {})
-    try:
-        # FLOPs need numbers: import with every symbolic dim bound.
-        mod = import_onnx(proto, static).mod
-    except TvmoptError:
-        # Some graphs only import with symbolic dims: import as compile does, then bind them.
-        from tvm import relax
-
-        mod = import_onnx(proto, dict(shapes or {})).mod
-        if used_dims:
-            mod = relax.transform.BindSymbolicVars(used_dims, "main")(mod)
-
-    target = hw.to_tvm()
-    cfg = pipeline.PipelineConfig()
-    with target:
-        for name, make in pipeline.phases(hw.device):
-            if name == "fuse":
-                fuse = make(target, cfg)
-                break
-            mod = tvm.transform.Sequential(make(target, cfg))(mod)
-        legal = tvm.transform.Sequential(fuse[:1])(mod)  # LegalizeOps only: kernels before fusion
-        before = len(_count_call_tir(legal["main"]))
-        pre_tir = tvm.transform.Sequential(fuse[:-1])(mod)
-        ops = _fused_ops(pre_tir)
-        fused = tvm.transform.Sequential(fuse[-1:])(pre_tir)
-    kernels = analyze_module(fused, ops)
+    used_dims = {d: int(dims.get(d, 1)) for d in _symbolic_dims(fused_mod)}
+    kernels = analyze_module(fused_mod, fused_ops(fused_mod), used_dims)
+    before = kernels_before_fusion(fused_mod)
     for k in kernels:
         v = kernel_verdict(hw, k, "fp32")
         k.intensity, k.bound, k.fp32_time_us = v.intensity, v.bound, v.time_s * 1e6
@@ -206,7 +185,8 @@ def make_plan(model, hw: HardwareTarget, precision: str = "auto", dims: dict[str
     w8 = sum(k.weight_bytes for k in kernels if k.int8_weight_ok)
     ridge = {d: r.ridge for d in ("fp32", "fp16", "int8") if (r := roof_for(hw, d))}
     return Plan(target=hw.name, device=hw.device, requested=precision, precision=model_prec,
-                dims=used_dims, kernels_before_fusion=before, kernels=kernels, decisions=decisions,
+                dims=used_dims, kernels_before_fusion=before if before is not None else len(kernels),
+                kernels=kernels, decisions=decisions,
                 predicted_ms=total * 1e3, predicted_fp32_ms=sum(k.fp32_time_us for k in kernels) / 1e3,
                 weight_bytes={"fp32": wb, "fp16": wb / 2, "int8_weight": wb - w8 * 3 / 4},
                 ridge=ridge)

@@ -127,6 +127,11 @@ def read_manifest(folder: Path) -> dict | None:
         raise TuningError(f"{p}: unreadable database manifest ({err})") from None
 
 
+def db_weight_prepack(folder: str | Path) -> bool:
+    """Whether the database in `folder` was tuned with CPU weight prepack (its manifest says)."""
+    return bool((read_manifest(Path(folder)) or {}).get("weight_prepack"))
+
+
 def check_target(folder: Path, manifest: dict | None, hw) -> None:
     """Refuse a database tuned for another target (MetaSchedule would not notice).
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import TuningError
 from .database import (RECORD_FILE, SanitizeReport, _valid_secs, check_target, database_sha256,
                        open_json_database, read_manifest, sanitize_files)
-from .tasks import TUNE_AFTER_PHASE, extract_tasks
+from .tasks import extract_tasks
 
 
 @dataclass
@@ -78,27 +78,18 @@ def open_for_replay(folder: str | Path, hw, fused_mod) -> Replay:
     return Replay(db, folder, database_sha256(folder), hits, misses, rep, manifest)
 
 
-def replay_database(folder: str | Path, hw, imported_mod, require: bool = False,
-                    cfg=None) -> Replay:
-    """Open `folder` for `compile --db`: match it against the module after fusion.
+def replay_database(folder: str | Path, hw, fused_mod, require: bool = False) -> Replay:
+    """Open `folder` for `compile --db` and match it against the compile's fused module.
 
     Args:
-        cfg: the compile's PipelineConfig (its precision passes shape the fused functions);
-            its database and weight_prepack are ignored here.
+        fused_mod: the module after the pipeline's front half, built with the database's
+            weight_prepack setting (`database.db_weight_prepack`) and the compile's precision
+            passes (they shape the fused functions).
 
     Raises:
         TuningError: with `require`, any task the database does not serve (named).
     """
-    import dataclasses
-
-    from .. import pipeline
-
-    prepack = bool((read_manifest(Path(folder)) or {}).get("weight_prepack"))
-    base = cfg if cfg is not None else pipeline.PipelineConfig()
-    fused = pipeline.optimize(imported_mod, hw.to_tvm(), hw.device,
-                              dataclasses.replace(base, database=None, weight_prepack=prepack),
-                              until=TUNE_AFTER_PHASE)
-    replay = open_for_replay(folder, hw, fused)
+    replay = open_for_replay(folder, hw, fused_mod)
     if require and replay.misses:
         raise TuningError(
             f"--require-db: database {replay.folder} has no schedule for "

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The phase after which tasks are extracted and the database is applied (see pipeline.PHASES).
-TUNE_AFTER_PHASE = "fuse"
+from ..pipeline import FRONT_HALF
+
+# The phase after which tasks are extracted and the database is applied: the front half's end.
+TUNE_AFTER_PHASE = FRONT_HALF
 
 
 @dataclass

@@ -34,7 +34,7 @@ def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False
 
     imported = import_onnx(load_onnx(model_path), shapes)
     target = hw.to_tvm()
-    mod = pipeline.optimize(imported.mod, target, hw.device,
+    mod = pipeline.optimize(imported.mod, target,
                             pipeline.PipelineConfig(weight_prepack=weight_prepack),
                             until=TUNE_AFTER_PHASE)
     return mod, imported
@@ -130,10 +130,10 @@ class TuneOptions:
     missing_only: bool = False
 
     def __post_init__(self):
-        from ..frontend.onnx_model import parse_shape_spec
+        from ..frontend.onnx_model import parse_shapes
 
         if isinstance(self.shapes, (list, tuple)):
-            self.shapes = dict(parse_shape_spec(s) for s in self.shapes)
+            self.shapes = parse_shapes(self.shapes)
         if self.trials < 0:
             raise TuningError("--trials must be >= 0")
         if self.max_trials_per_task is not None and self.max_trials_per_task <= 0:

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from _models_issue5 import mlp, qdq_mlp, quantized_mlp
+from tests.models import mlp_file, qdq_mlp, quantized_mlp
 from tvmopt.cli.main import main
 from tvmopt.build.compile import CompileOptions, compile_model
 from tvmopt.errors import VerificationError
-from tvmopt.precision.plan import make_plan
+from tvmopt.build.plan import plan_model
 from tvmopt.targets.registry import get_target
 
 
@@ -46,20 +46,20 @@ def test_qdq_model_compiles_and_matches_onnxruntime(tmp_path):
 
 
 def test_arm_plan_picks_weight_only_int8_for_gemv(tmp_path):
-    model = mlp(tmp_path / "m.onnx", din=256, hid=512, dout=64)
-    p = make_plan(model, get_target("arm"))
+    model = mlp_file(tmp_path / "m.onnx", din=256, hid=512, dout=64)
+    p = plan_model(model, get_target("arm"))
     assert p.precision == "int8_weight"
     mm = [k for k in p.kernels if "matmul" in k.ops]
     assert mm and all(k.precision == "int8_weight" and k.bound == "memory" for k in mm)
     assert p.weight_bytes["int8_weight"] < p.weight_bytes["fp32"] / 3
     assert p.kernels_before_fusion > p.kernels_after_fusion
     # x86 (AVX2): not in its auto order -> fp32, refusal recorded
-    p = make_plan(model, get_target("x86"))
+    p = plan_model(model, get_target("x86"))
     assert p.precision == "fp32" and any(d.action == "refused" for d in p.decisions)
 
 
 def test_explicit_int8_accuracy_report_and_max_error(tmp_path):
-    model = mlp(tmp_path / "m.onnx")
+    model = mlp_file(tmp_path / "m.onnx")
     res = compile_model(CompileOptions(model=model, target="x86", output=str(tmp_path / "a"),
                                        precision="int8"), log=lambda s: None)
     acc = res.artifact.manifest["precision"]["accuracy"]
@@ -91,7 +91,7 @@ def test_plan_bad_precision_is_one_line():
 
 
 def test_compile_cli_prints_a_downgrade(tmp_path):
-    model = mlp(tmp_path / "m.onnx")
+    model = mlp_file(tmp_path / "m.onnx")
     r = CliRunner().invoke(main, ["compile", model, "-t", "x86", "-p", "fp16", "-o",
                                   str(tmp_path / "a")])
     assert r.exit_code == 0, r.output
@@ -103,20 +103,18 @@ def test_compile_cli_prints_a_downgrade(tmp_path):
 def test_fp16_rewrite_matches_fp32_within_tolerance(tmp_path):
     """The CUDA fp16 rewrite, built for the host CPU (how compile measures its accuracy)."""
     import onnx
-    import tvm
-    from tvm import relax
 
     from tvmopt import pipeline
     from tvmopt.frontend.importer import import_onnx
     from tvmopt.precision.rewrites import fp16_pass
+    from tvmopt.runtime.in_memory import run_in_memory
 
-    model = mlp(tmp_path / "m.onnx", batch=8)
+    model = mlp_file(tmp_path / "m.onnx", batch=8)
     mod = import_onnx(onnx.load(model)).mod
     x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
     outs = []
     for passes in ([fp16_pass()], []):
-        ex = pipeline.build(mod, get_target("x86").to_tvm(), "cpu",
-                            pipeline.PipelineConfig(precision_passes=passes))
-        outs.append(relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy())
+        outs.append(run_in_memory(mod, [x], get_target("x86").to_tvm(),
+                                  pipeline.PipelineConfig(precision_passes=passes))[0])
     err = np.abs(outs[0] - outs[1]).max()
     assert 0 < err < 1e-2 * max(1.0, np.abs(outs[1]).max())  # fp16 rounding, not a no-op

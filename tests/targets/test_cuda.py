@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from _models_issue5 import mlp
+from tests.models import mlp_file
 from tvmopt.build.compile import CompileOptions, compile_model
 from tvmopt.targets.cuda import ptx_of
 from tvmopt.errors import TargetError
@@ -16,7 +16,7 @@ from tvmopt.runtime.loader import load
 def fp32_artifact(tmp_path_factory):
     """fp32 CUDA build of a small MLP: no tensor-core intrinsics, so it builds in seconds."""
     d = tmp_path_factory.mktemp("cuda32")
-    model = mlp(d / "m.onnx", din=64, hid=128, dout=16, batch=32)
+    model = mlp_file(d / "m.onnx", din=64, hid=128, dout=16, batch=32)
     return compile_model(CompileOptions(model=model, target="cuda", output=str(d / "a"),
                                         precision="fp32"), log=lambda s: None).artifact
 
@@ -43,7 +43,7 @@ def cuda_artifacts(tmp_path_factory):
     second reuses it, so both live in one fixture.
     """
     d = tmp_path_factory.mktemp("cuda")
-    model = mlp(d / "m.onnx", din=256, hid=512, dout=64, batch=128)
+    model = mlp_file(d / "m.onnx", din=256, hid=512, dout=64, batch=128)
     arts = {}
     for target in ("a100", "h100"):
         res = compile_model(CompileOptions(model=model, target=target, output=str(d / target)),

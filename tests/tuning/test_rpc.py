@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny_models import tiny_mlp  # noqa: E402
+from tests.models import tiny_mlp
 
 from tvmopt import errors
 from tvmopt.tuning import database, measure, rpc, tune  # noqa: E402

@@ -5,12 +5,10 @@ import subprocess
 import sys
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import make_model, vi
-from model_zoo import mlp
+from tests.models import make_model, mlp, vi
 
 
 def _one_line_error(res, *needles):

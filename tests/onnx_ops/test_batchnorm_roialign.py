@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from test_onnx_ops_round3 import _check, _model  # noqa: E402 - shared helpers
+from tests.harness import check_against_reference
+from tests.models import graph_model
 
 
 def _bn_feeds(shape=(3, 4, 5, 2)):
@@ -22,7 +23,7 @@ def test_batchnorm_training_mode_uses_batch_statistics(outputs):
     feeds, consts = _bn_feeds()
     node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], outputs,
                             training_mode=1, momentum=0.8, epsilon=1e-3)
-    got = _check(_model(node, feeds, outputs, consts, opset=15), feeds, rtol=1e-4, atol=1e-5)
+    got = check_against_reference(graph_model(node, feeds, outputs, consts, opset=15), feeds, rtol=1e-4, atol=1e-5)
     # the running statistics would give other numbers: the check above is not vacuous
     inference = (feeds["x"] - consts["m"][None, :, None, None]) / np.sqrt(
         consts["v"][None, :, None, None] + 1e-3)
@@ -33,7 +34,7 @@ def test_batchnorm_training_mode_uses_batch_statistics(outputs):
 def test_batchnorm_inference_mode_still_tvm_s_converter():
     feeds, consts = _bn_feeds((2, 4, 3))
     node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])
-    _check(_model(node, feeds, ["y"], consts, opset=15), feeds, rtol=1e-4, atol=1e-5)
+    check_against_reference(graph_model(node, feeds, ["y"], consts, opset=15), feeds, rtol=1e-4, atol=1e-5)
 
 
 def test_roialign_max_mode_is_refused_by_name():
@@ -45,4 +46,4 @@ def test_roialign_max_mode_is_refused_by_name():
     node = helper.make_node("RoiAlign", ["x", "rois", "idx"], ["y"], mode="max",
                             output_height=2, output_width=2)
     with pytest.raises(TvmoptError, match="RoiAlign mode 'max' is not supported"):
-        import_onnx(_model(node, feeds, ["y"], opset=16))
+        import_onnx(graph_model(node, feeds, ["y"], opset=16))

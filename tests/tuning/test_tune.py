@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny_models import tiny_mlp  # noqa: E402
+from tests.models import tiny_mlp
 
 from tvmopt import errors
 from tvmopt.tuning import database, measure, replay, tasks, tune  # noqa: E402
@@ -75,9 +73,10 @@ def test_replay_schedules_are_applied_before_dlight(tuned):
     model, db, _ = tuned
     hw = get_target("x86")
     imported = import_onnx(load_onnx(model), SHAPE)
-    rep = replay.replay_database(db, hw, imported.mod, require=True)
-    mod = pipeline.optimize(imported.mod, hw.to_tvm(), "cpu",
-                            pipeline.PipelineConfig(database=rep.db), until="database")
+    fused = pipeline.optimize(imported.mod, hw.to_tvm(), until=pipeline.FRONT_HALF)
+    rep = replay.replay_database(db, hw, fused, require=True)
+    mod = pipeline.optimize(fused, hw.to_tvm(), pipeline.PipelineConfig(database=rep.db),
+                            until="database", start_after=pipeline.FRONT_HALF)
     scheduled = sorted(gv.name_hint for gv, f in mod.functions.items()
                        if f.attrs is not None and f.attrs.get("tirx.is_scheduled", False))
     assert scheduled == sorted(rep.hits)

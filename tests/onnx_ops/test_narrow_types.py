@@ -22,6 +22,8 @@ from tvmopt.build.compile import CompileOptions, compile_model
 from tvmopt.errors import ImportFailure, ShapeError
 from tvmopt.runtime.loader import load
 
+from tests.harness import load_tvmopt
+
 FLOAT8 = {TP.FLOAT8E4M3FN: ml_dtypes.float8_e4m3fn, TP.FLOAT8E4M3FNUZ: ml_dtypes.float8_e4m3fnuz,
           TP.FLOAT8E5M2: ml_dtypes.float8_e5m2, TP.FLOAT8E5M2FNUZ: ml_dtypes.float8_e5m2fnuz}
 SMALL_FLOATS = {TP.FLOAT4E2M1: (ml_dtypes.float4_e2m1fn, 16), TP.FLOAT8E8M0: (ml_dtypes.float8_e8m0fnu, 256)}
@@ -41,25 +43,6 @@ def _build(model, tmp_path, name="m"):
     res = compile_model(CompileOptions(model=str(path), output=str(tmp_path / f"{name}.tvmopt")),
                         log=lambda *a, **k: None)
     return load(res.artifact.path)
-
-
-def _build_in_memory(model):
-    """import -> build -> the runtime's LoadedModel, without the plan/export of an artifact
-    (the exhaustive models have many kernels; the artifact path is tested below)."""
-    from types import SimpleNamespace
-
-    import tvm
-    from tvm import relax
-
-    from tvmopt import pipeline
-    from tvmopt.targets import registry as targets
-    from tvmopt.frontend.importer import import_onnx
-    from tvmopt.runtime.loader import LoadedModel
-
-    imported = import_onnx(model)
-    ex = pipeline.build(imported.mod, targets.get_target("x86").to_tvm(), "cpu")
-    art = SimpleNamespace(inputs=imported.inputs, outputs=imported.outputs)
-    return LoadedModel(art, relax.VirtualMachine(ex, tvm.cpu()), tvm.cpu())
 
 
 def _same(got: np.ndarray, want: np.ndarray, what: str):
@@ -127,7 +110,7 @@ def test_float_to_float8_float4_e8m0_every_mode():
             outs.append(helper.make_tensor_value_info(name, TP.FLOAT8E8M0, [len(x)]))
     model = _model(nodes, [helper.make_tensor_value_info("x", TP.FLOAT, [len(x)]),
                            helper.make_tensor_value_info("x16", TP.FLOAT16, [len(x)])], outs)
-    lm = _build_in_memory(model)
+    lm = load_tvmopt(model)
     assert [o.dtype for o in lm.outputs][:2] == ["float8_e4m3fn", "float8_e4m3fn"]
     _check_all(lm, model, {"x": x, "x16": x16})
 
@@ -150,7 +133,7 @@ def test_every_code_decodes():
     outs.append(helper.make_tensor_value_info("moved", TP.FLOAT8E4M3FN, [16, 16]))
     shape = numpy_helper.from_array(np.array([16, 16], np.int64), "shape")
     model = _model(nodes, inputs, outs, [shape])
-    lm = _build_in_memory(model)
+    lm = load_tvmopt(model)
     assert lm.inputs[0].dtype == "float8_e4m3fn"
     _check_all(lm, model, feeds)
 
@@ -311,4 +294,4 @@ def test_float6_both_ways():
         outs += [helper.make_tensor_value_info(name, to, [len(x)]),
                  helper.make_tensor_value_info(name + "_back", TP.FLOAT, [len(x)])]
     model = _model(nodes, [helper.make_tensor_value_info("x", TP.FLOAT, [len(x)])], outs, opset=28)
-    _check_all(_build_in_memory(model), model, {"x": x})
+    _check_all(load_tvmopt(model), model, {"x": x})

@@ -6,7 +6,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from model_zoo import FAMILIES
+from tests.models import FAMILIES
 
 
 def _ort(path, feeds):

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny_models import tiny_mlp  # noqa: E402
+from tests.models import tiny_mlp
 
 from tvmopt.tuning import database, tune  # noqa: E402
 

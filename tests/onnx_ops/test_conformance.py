@@ -9,21 +9,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.harness import run_tvmopt
+
+ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "tests" / "data" / "onnx_conformance_sample.json"
 
 
 def _tool():
-    # Imported by name from tools/ so that spawned workers can unpickle its cases.
-    if str(ROOT / "tools") not in sys.path:
-        sys.path.insert(0, str(ROOT / "tools"))
-    return importlib.import_module("onnx_conformance")
+    # Imported by its package name so that spawned workers can unpickle its cases.
+    return importlib.import_module("tools.onnx_conformance")
 
 
 def test_conformance_sample_does_not_regress():
@@ -49,21 +48,6 @@ def _node_model(node, inputs, outputs, opset=17):
                              opset_imports=[helper.make_opsetid("", opset)])
 
 
-def _run_tvmopt(model, feeds):
-    import tvm
-    from tvm import relax
-
-    from tvmopt import pipeline
-    from tvmopt.frontend.importer import import_onnx
-
-    imported = import_onnx(model)
-    ex = pipeline.build(imported.mod, tvm.target.Target({"kind": "llvm"}), "cpu")
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(feeds[i.name]) for i in imported.inputs])
-    return [o.numpy() for o in out] if hasattr(out, "__len__") and not hasattr(out, "numpy") \
-        else [out.numpy()]
-
-
 def test_layer_normalization_mean_and_inv_std_dev_are_computed():
     # TVM's converter returned 0-d zeros for Mean/InvStdDev: silently wrong.
     from onnx import helper
@@ -76,7 +60,7 @@ def test_layer_normalization_mean_and_inv_std_dev_are_computed():
     node = helper.make_node("LayerNormalization", ["x", "w", "b"], ["y", "mean", "inv"], axis=1)
     model = _node_model(node, feeds, ["y", "mean", "inv"])
     ref = ReferenceEvaluator(model).run(None, feeds)
-    got = _run_tvmopt(model, feeds)
+    got = run_tvmopt(model, feeds)
     assert [g.shape for g in got] == [r.shape for r in ref] == [(2, 3, 4), (2, 1, 1), (2, 1, 1)]
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)

@@ -4,7 +4,7 @@ builds, exports, reloads and gives the same outputs as the default interpreted b
 import numpy as np
 import pytest
 
-from tiny_models import tiny_conv
+from tests.models import tiny_conv
 from tvmopt import pipeline
 from tvmopt.frontend.importer import import_onnx
 from tvmopt.frontend.onnx_model import load_onnx
@@ -20,8 +20,7 @@ def test_compiled_exec_mode_matches_bytecode(tmp_path):
     x = np.random.default_rng(0).standard_normal((1, 16, 8, 8)).astype("float32")
     outs = {}
     for mode in ("bytecode", "compiled"):
-        ex = pipeline.build(imported.mod, hw.to_tvm(), hw.device,
-                            pipeline.PipelineConfig(exec_mode=mode))
+        ex = pipeline.build(imported.mod, hw.to_tvm(), pipeline.PipelineConfig(exec_mode=mode))
         lib_path = tmp_path / f"{mode}.so"
         ex.export_library(str(lib_path))
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib_path)), tvm.cpu())
