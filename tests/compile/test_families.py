@@ -110,7 +110,7 @@ def test_constant_of_shape_empty_and_symbolic(save, tmp_path, cli):
     and with a shape computed from a symbolic input."""
     from onnx import TensorProto, helper
 
-    from conftest import const, make_model, vi
+    from tests.models import const, make_model, vi
 
     nodes = [
         helper.make_node("ConstantOfShape", ["empty"], ["c0"],
