@@ -197,7 +197,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
     """Run every part of the benchmark `opts` asks for.
 
     Returns:
-        The result document (schema SCHEMA, documented in the README's `tvmopt bench` section).
+        The result document (schema SCHEMA, documented in docs/performance.md).
 
     Raises:
         TvmoptError: bad options, model, artifact or shapes.

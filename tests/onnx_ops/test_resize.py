@@ -61,7 +61,7 @@ def test_resize_symbolic_batch_passes_through():
 
 
 def test_resize_run_time_scales_on_symbolic_dim_refused_by_name():
-    # Run-time scales are supported (test_onnx_ops_round3.py) when the resized dims are static.
+    # Run-time scales are supported (test_resize_run_time.py) when the resized dims are static.
     x = np.zeros((1, 1, 2, 2), "float32")
     node = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up1", mode="nearest")
     model = single_output_model(node, {"x": x, "scales": np.ones(4, "float32")}, {},
