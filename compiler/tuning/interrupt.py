@@ -6,7 +6,7 @@ is running (builder, runner, cost model, measure callback, logging). The worst o
 MetaSchedule's C++ calls its Python logger from the destructor of `PyLogMessage`
 (TVM_PY_LOG), hundreds of times a round; a KeyboardInterrupt raised there leaves a noexcept
 destructor as a C++ exception and the process dies with SIGSEGV in `__cxa_begin_catch`
-(tests/test_tuning_resume.py sends its Ctrl-C from exactly there). Elsewhere the exception
+(tests/tuning/test_resume.py sends its Ctrl-C from exactly there). Elsewhere the exception
 unwinds from an arbitrary point and, inside LocalBuilder.build, leaves its worker pool to a
 `__del__` that fails in its own thread. And a terminal sends SIGINT to the whole foreground
 process group, so the PopenPool workers die too and the batch in flight is lost.

@@ -217,7 +217,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
             progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                                 transient=False)
-            # Ctrl-C is owned by CtrlC from here on (see tune_interrupt): it must be entered
+            # Ctrl-C is owned by CtrlC from here on (see tuning/interrupt.py): it must be entered
             # before the builder and runner exist, so their worker processes inherit the
             # blocked SIGINT and a terminal's Ctrl-C does not kill a batch in flight.
             with CtrlC(db_dir=folder, console=console) as ctrl_c, progress:

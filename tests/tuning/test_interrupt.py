@@ -1,4 +1,4 @@
-"""Ctrl-C handling of `tvmopt tune` (tune_interrupt.CtrlC), without TVM: fast and exact."""
+"""Ctrl-C handling of `tvmopt tune` (tuning.interrupt.CtrlC), without TVM: fast and exact."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.models import tiny_mlp
 
-from tvmopt.tuning import database, tune  # noqa: E402
+from tvmopt.tuning import database, tune
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 from tests.models import tiny_mlp
 
 from tvmopt import errors
-from tvmopt.tuning import database, measure, rpc, tune  # noqa: E402
+from tvmopt.tuning import database, measure, rpc, tune
 
 
 @pytest.fixture

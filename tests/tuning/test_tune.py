@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from tests.models import tiny_mlp
 
 from tvmopt import errors
-from tvmopt.tuning import database, measure, replay, tasks, tune  # noqa: E402
-from tvmopt.cli.main import main  # noqa: E402
-from tvmopt.errors import TargetError  # noqa: E402
-from tvmopt.targets.registry import get_target  # noqa: E402
+from tvmopt.tuning import database, measure, replay, tasks, tune
+from tvmopt.cli.main import main
+from tvmopt.errors import TargetError
+from tvmopt.targets.registry import get_target
 
 SHAPE = {"x": (1, 32)}
 
