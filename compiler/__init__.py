@@ -1,3 +1,55 @@
-"""tvmopt: a compiler-based optimization pipeline for ML models on Apache TVM (Relax)."""
+"""tvmopt: a compiler-based optimization pipeline for ML models on Apache TVM (Relax).
+
+The Python API (the `tvmopt` command is a thin layer over it)::
+
+    import tvmopt
+
+    result = tvmopt.compile_model(tvmopt.CompileOptions(model="model.onnx", target="x86",
+                                                        verify=True))
+    loaded = tvmopt.load(result.artifact.path)
+    outputs = loaded.run({"input": x})
+
+    plan = tvmopt.plan_model("model.onnx", tvmopt.get_target("arm"))
+    tuned = tvmopt.tune(tvmopt.TuneOptions(model="model.onnx", target="x86", trials=64))
+
+Names:
+    compile_model, CompileOptions, CompileResult: ONNX file -> artifact folder
+        (`tvmopt.build.compile`).
+    plan_model: the per-kernel roofline plan and precision decisions (`tvmopt.build.plan`).
+    tune, TuneOptions: MetaSchedule tuning into a database folder (`tvmopt.tuning.tune`).
+    load: check and load an artifact to run it (`tvmopt.runtime.loader`).
+    get_target: a hardware target from the registry (`tvmopt.targets.registry`).
+    TvmoptError: the base class of every error the user can act on (`tvmopt.errors`).
+
+TVM is imported only when a name that needs it is first used.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+_API = {
+    "compile_model": "tvmopt.build.compile",
+    "CompileOptions": "tvmopt.build.compile",
+    "CompileResult": "tvmopt.build.compile",
+    "plan_model": "tvmopt.build.plan",
+    "tune": "tvmopt.tuning.tune",
+    "TuneOptions": "tvmopt.tuning.tune",
+    "load": "tvmopt.runtime.loader",
+    "get_target": "tvmopt.targets.registry",
+    "TvmoptError": "tvmopt.errors",
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'tvmopt' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -42,3 +42,7 @@ class VerificationError(TvmoptError):
 
 class BuildError(TvmoptError):
     """TVM failed to compile the module."""
+
+
+class TuningError(TvmoptError):
+    """Tuning could not start or continue (locked database, no tasks, bad database)."""

@@ -1,11 +1,17 @@
 """The compilation pipeline: an ordered list of named phases, chosen per device by one table.
 
 import -> simplify -> precision -> fusion/legalize -> schedule (database, then dlight) -> lower.
-Each phase is a list of Relax/TIR passes; `phase_names()` is what the manifest records.
+Each phase is a list of Relax/TIR passes; `pass_names()` is what the manifest records.
+
+`optimize(mod, target, cfg, until="fuse")` runs the *front half*: the module after fusion is what
+the planner analyses, tuning extracts tasks from and a database is matched against.
+`build(fused, target, cfg, start_after="fuse")` continues from it, so one compile runs each phase
+once. `record_phases()` lists the phases that run (the hook tests and profiling use).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -122,13 +128,17 @@ def _dispatch_library(target, cfg):
                 cfg.notes.append(note)
             return mod
         part = onednn.partition(mod)
+        # The kernels' own small builds are not phases of this compile: keep them out of the
+        # phase-run record.
         # The two sides of each timing, built the way the final module will be.
         plain = PipelineConfig(dispatch="codegen", channels_last=False)
-        keep, cfg.dispatch_choices = choose.choose(
-            part, target,
-            build_codegen=lambda m: build(m, target, "cpu", plain),
-            build_library=lambda m: build(onednn.lower(m), target, "cpu", plain),
-            ext_id=onednn.extension_id(), force="library" if cfg.dispatch == "library" else None)
+        with _unrecorded():
+            keep, cfg.dispatch_choices = choose.choose(
+                part, target,
+                build_codegen=lambda m: build(m, target, plain),
+                build_library=lambda m: build(onednn.lower(m), target, plain),
+                ext_id=onednn.extension_id(),
+                force="library" if cfg.dispatch == "library" else None)
         return onednn.lower(part, keep)
 
     return [dispatch]
@@ -142,12 +152,16 @@ def _is_x86(target) -> bool:
 def _fuse_legalize(target, cfg):
     from tvm import relax
 
-    from .symbolic_order import OrderSymbolicDefs
+    from .passes.fusion_record import RecordFusedOps, RecordKernelCount
+    from .passes.symbolic_order import OrderSymbolicDefs
 
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if cfg.weight_prepack else []
     # OrderSymbolicDefs: FuseOps may emit a group before the match_cast defining its dims.
-    return [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(), relax.transform.FuseOps(), OrderSymbolicDefs(),
+    # The Record* passes note, in module attributes, the kernel count before fusion and the ops
+    # of each fused kernel: what the planner reports, read from the fused module alone.
+    return [relax.transform.LegalizeOps(), RecordKernelCount(),
+            relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+            relax.transform.FuseOps(), OrderSymbolicDefs(), RecordFusedOps(),
             relax.transform.FuseTIR(), *prepack]
 
 
@@ -167,7 +181,7 @@ def _schedule_cpu(target, cfg):
     from tvm.s_tir import dlight as dl
 
     from .kernels import cpu
-    from .schedule_guard import guarded  # a rule that raises passes the kernel on (recorded)
+    from .passes.schedule_guard import guarded  # a rule that raises passes the kernel on (recorded)
 
     # Contractions, pooling and elementwise kernels get register-tiled, parallel, vectorized
     # schedules; reductions the contraction rule declines (softmax, norms) go on to dlight's
@@ -182,7 +196,7 @@ def _schedule_cpu(target, cfg):
 def _dlight_gpu(target, cfg):
     from tvm.s_tir import dlight as dl
 
-    from .schedule_guard import guarded  # a rule that raises passes the kernel on (recorded)
+    from .passes.schedule_guard import guarded  # a rule that raises passes the kernel on (recorded)
 
     return [dl.ApplyDefaultSchedule(guarded(dl.gpu.Matmul()), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                     dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
@@ -201,6 +215,10 @@ def _lower(target, cfg):
 
 Phase = tuple[str, Callable]
 
+# The last phase of the front half (see optimize): tuning tasks, the plan and database replay
+# all read the module after it.
+FRONT_HALF = "fuse"
+
 # The one table of per-device behaviour.
 PHASES: dict[str, list[Phase]] = {
     "cpu": [("simplify", _simplify), ("precision", _precision), ("layout", _layout),
@@ -211,11 +229,26 @@ PHASES: dict[str, list[Phase]] = {
 }
 
 
+def device_of(target) -> str:
+    """The PHASES key for a TVM target: 'cuda' for CUDA, 'cpu' for LLVM."""
+    return "cuda" if target.kind.name == "cuda" else "cpu"
+
+
 def phases(device: str) -> list[Phase]:
     if device not in PHASES:
         raise BuildError(f"no compilation pipeline for device '{device}' "
                          f"(known: {', '.join(PHASES)})")
     return PHASES[device]
+
+
+def phase_names(device: str) -> list[str]:
+    return [name for name, _ in phases(device)]
+
+
+def front_half(device: str) -> list[str]:
+    """The phases up to and including FRONT_HALF."""
+    names = phase_names(device)
+    return names[: names.index(FRONT_HALF) + 1]
 
 
 def pass_names(device: str, target, cfg: PipelineConfig) -> dict[str, list[str]]:
@@ -229,24 +262,71 @@ def pass_names(device: str, target, cfg: PipelineConfig) -> dict[str, list[str]]
     return out
 
 
-def optimize(mod, target, device: str, cfg: PipelineConfig | None = None,
-             dump: Callable[[str, object], None] | None = None, until: str | None = None):
-    """Run every phase before `lower` on `mod`; return the optimized IRModule.
+# ------------------------------------------------------------------------ phase-run events
+_listeners: list[list[str]] = []
+
+
+@contextlib.contextmanager
+def record_phases():
+    """Collect the name of every phase run inside the block, in order.
+
+    Yields:
+        The list the names are appended to.
+    """
+    runs: list[str] = []
+    _listeners.append(runs)
+    try:
+        yield runs
+    finally:
+        _listeners.remove(runs)
+
+
+@contextlib.contextmanager
+def _unrecorded():
+    saved = list(_listeners)
+    _listeners.clear()
+    try:
+        yield
+    finally:
+        _listeners.extend(saved)
+
+
+def _ran(name: str) -> None:
+    for runs in _listeners:
+        runs.append(name)
+
+
+# ------------------------------------------------------------------------ drivers
+def optimize(mod, target, cfg: PipelineConfig | None = None, until: str | None = None,
+             dump: Callable[[str, object], None] | None = None, start_after: str | None = None):
+    """Run the phases before `lower` on `mod`; return the optimized IRModule.
 
     Args:
-        dump: called as dump(phase_name, mod) after each phase (TVMOPT_SAVE_TEMPS).
-        until: stop after this phase (e.g. "fuse": the module whose fused functions tuning
+        until: stop after this phase (e.g. "fuse": the front half, whose fused functions tuning
             extracts as tasks and the database phase later looks up).
+        dump: called as dump(phase_name, mod) after each phase (TVMOPT_SAVE_TEMPS).
+        start_after: `mod` already went through the phases up to this one (e.g. "fuse": the
+            front half's output); run only the phases after it.
     """
     import tvm
 
     cfg = cfg or PipelineConfig()
+    device = device_of(target)
+    todo = phase_names(device)
+    if start_after is not None:
+        if start_after not in todo:
+            raise BuildError(f"no phase '{start_after}' in the {device} pipeline "
+                             f"({', '.join(todo)})")
+        todo = todo[todo.index(start_after) + 1:]
     ctx_db = cfg.database if cfg.database is not None else None
     with target:
         for name, make in phases(device):
             if name == "lower":
                 break
+            if name not in todo:
+                continue
             seq = tvm.transform.Sequential(make(target, cfg), name=f"tvmopt.{name}")
+            _ran(name)
             if ctx_db is not None and name == "database":
                 with ctx_db:
                     mod = seq(mod)
@@ -259,9 +339,12 @@ def optimize(mod, target, device: str, cfg: PipelineConfig | None = None,
     return mod
 
 
-def build(mod, target, device: str, cfg: PipelineConfig | None = None,
-          dump: Callable[[str, object], None] | None = None):
+def build(mod, target, cfg: PipelineConfig | None = None,
+          dump: Callable[[str, object], None] | None = None, start_after: str | None = None):
     """Optimize and compile `mod` to a Relax VM executable.
+
+    Args:
+        start_after: as in `optimize`: "fuse" continues from the front half's output.
 
     Raises:
         BuildError: TVM failed; the message names the phase.
@@ -269,11 +352,15 @@ def build(mod, target, device: str, cfg: PipelineConfig | None = None,
     import tvm
 
     cfg = cfg or PipelineConfig()
+    device = device_of(target)
     try:
-        mod = optimize(mod, target, device, cfg, dump)
+        mod = optimize(mod, target, cfg, dump=dump, start_after=start_after)
+    except BuildError:
+        raise
     except Exception as err:
         raise BuildError(f"optimization failed: {_last_line(err)}") from err
     lower = tvm.transform.Sequential(dict(phases(device))["lower"](target, cfg), name="tvmopt.lower")
+    _ran("lower")
     try:
         with target:  # TVM's nvcc/nvrtc callback reads the CUDA arch from the current target
             return tvm.relax.build(mod, target=target, relax_pipeline=lower,

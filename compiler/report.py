@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-console = Console(highlight=False)
+from .console import console
 
 
 def _si(n: float, unit: str = "") -> str:
@@ -57,6 +56,18 @@ def print_compile_result(result) -> None:
     if prec.get("requested"):
         console.print(f"  precision: {prec.get('default')} (requested {prec['requested']}; "
                       "'tvmopt plan' shows the per-kernel reasons)")
+    kernels = m.get("kernels") or {}
+    if kernels:
+        choices = kernels.get("choices") or []
+        lib = sum(c["sites"] for c in choices if c["choice"] == "library")
+        what = {"untuned": "default schedules, untuned (no database)",
+                "dispatched": f"{lib} kernels on oneDNN, the rest default schedules",
+                "tuned": "tuned records where the database has them, default schedules "
+                         "elsewhere"}.get(kernels.get("build"), kernels.get("build"))
+        console.print(f"  kernels: {what} (--dispatch {kernels.get('dispatch')}, layout "
+                      f"{kernels.get('layout')})")
+        for note in kernels.get("notes") or []:
+            console.print(f"  note: {note}")
     tuning = m.get("tuning") or {}
     if tuning.get("database"):
         console.print(f"  tuning db: {tuning['database']} (hit rate {tuning.get('hit_rate', 0):.0%})")

@@ -61,7 +61,7 @@ def _feeds(name: str) -> dict:
 
 
 def _compile(model: Path, name: str, out: Path, db: Path | None):
-    from tvmopt.compile import CompileOptions, compile_model
+    from tvmopt.build.compile import CompileOptions, compile_model
 
     opts = CompileOptions(model=str(model), target=TARGET, output=str(out),
                           shapes={k: v for k, v in SHAPES[name].items()},
@@ -70,7 +70,7 @@ def _compile(model: Path, name: str, out: Path, db: Path | None):
 
 
 def _tvm_fn(artifact: Path, feeds: dict):
-    from tvmopt.runtime import load
+    from tvmopt.runtime.loader import load
 
     lm = load(artifact)
     args = lm.to_device(feeds)
@@ -95,8 +95,8 @@ def _torch_module(name: str):
 def bench_model(name: str, model: Path, runs: int, workdir: Path) -> list[dict]:
     import torch
 
-    from tvmopt.tuning import bundled_db_dir
-    from tvmopt.verify import ort_session
+    from tvmopt.tuning.database import bundled_db_dir
+    from tvmopt.runtime.verify import ort_session
 
     feeds = _feeds(name)
     cores = os.cpu_count() or 1
@@ -140,9 +140,9 @@ def bench_model(name: str, model: Path, runs: int, workdir: Path) -> list[dict]:
 
 def _model_feeds(model: Path, shapes: dict) -> dict:
     """Random inputs for any ONNX file at `shapes` (integer inputs small: valid token ids)."""
-    from tvmopt.frontend import import_onnx
-    from tvmopt.onnx_model import load_onnx
-    from tvmopt.runtime import random_inputs
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.frontend.onnx_model import load_onnx
+    from tvmopt.runtime.loader import random_inputs
 
     return random_inputs(import_onnx(load_onnx(str(model)), shapes).inputs)
 
@@ -154,8 +154,8 @@ def efficiency(name: str, model: Path, full_db: Path, runs: int, workdir: Path,
     `name` is a bundled model, or any label with `shapes` given (e.g. tools/make_large_models.py's
     ResNet-18); the last row is onnxruntime on the same inputs, threads = cores.
     """
-    from tvmopt.tuning import MANIFEST_FILE, RECORD_FILE, WORKLOAD_FILE
-    from tvmopt.verify import ort_session
+    from tvmopt.tuning.database import MANIFEST_FILE, RECORD_FILE, WORKLOAD_FILE
+    from tvmopt.runtime.verify import ort_session
 
     shapes = shapes or SHAPES[name]
     records = (full_db / RECORD_FILE).read_text().splitlines()
@@ -171,7 +171,7 @@ def efficiency(name: str, model: Path, full_db: Path, runs: int, workdir: Path,
         (part / RECORD_FILE).write_text("\n".join(records[:n]) + "\n")
         if (full_db / MANIFEST_FILE).exists():
             (part / MANIFEST_FILE).write_text((full_db / MANIFEST_FILE).read_text())
-        from tvmopt.compile import CompileOptions, compile_model
+        from tvmopt.build.compile import CompileOptions, compile_model
 
         res = compile_model(CompileOptions(model=str(model), target=TARGET,
                                            output=str(workdir / f"eff-{pct}.tvmopt"),
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
         for name in filter(None, args.models.split(",")):
             all_rows += bench_model(name, models[name], args.runs, Path(tmp))
         if args.efficiency_db:
-            from tvmopt.onnx_model import parse_shape_spec
+            from tvmopt.frontend.onnx_model import parse_shape_spec
 
             em = args.efficiency_model
             path = models[em] if em in models else Path(em)

@@ -33,8 +33,8 @@ def main(argv=None) -> int:
 
     import tvm
 
-    from tvmopt import verify
-    from tvmopt.runtime import load, random_inputs
+    from tvmopt.runtime import verify
+    from tvmopt.runtime.loader import load, random_inputs
 
     dims = {k: int(v) for k, v in (d.split("=", 1) for d in args.dim)}
     if not tvm.cuda(0).exist:

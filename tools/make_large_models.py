@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the two reference-size models of issue 4's tuning-time figures and export them to ONNX.
+"""Build the two reference-size models of the tuning-cost figures in docs/performance.md and export them to ONNX.
 
     python tools/make_large_models.py /tmp/large      # writes resnet18.onnx and bert4.onnx
 
@@ -7,7 +7,7 @@ resnet18: the ResNet-18 architecture (BasicBlock x [2, 2, 2, 2], 1000 classes) a
 defined here because torchvision does not import beside this torch; random weights, non-trivial
 batchnorm statistics. bert4: a 4-layer BERT-style encoder, hidden 256, 4 heads, FFN 1024,
 sequence 128, vocabulary 30522. Both static shape, batch 1, opset 17. Not committed (tens of MB):
-the figures come from tuning them, see README "Autotuning".
+the figures come from tuning them, see docs/performance.md "Autotuning".
 """
 
 from __future__ import annotations

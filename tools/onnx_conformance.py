@@ -254,15 +254,11 @@ def run_ort(case: Case) -> tuple[str | None, str]:
 def run_tvmopt(case: Case, target) -> tuple[str | None, str]:
     import tempfile
 
-    import onnx
-    import tvm
-    from tvm import relax
-
-    from tvmopt import pipeline
     from tvmopt.errors import TvmoptError
-    from tvmopt.frontend import import_onnx
-    from tvmopt.narrow_types import contiguous, from_carrier, to_carrier
-    from tvmopt.onnx_model import load_onnx
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.frontend.narrow_types import from_carrier
+    from tvmopt.frontend.onnx_model import load_onnx
+    from tvmopt.runtime.in_memory import build_in_memory, run_executable
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.onnx")
@@ -277,23 +273,18 @@ def run_tvmopt(case: Case, target) -> tuple[str | None, str]:
     except Exception as err:
         return "import", _last_line(err)
     try:
-        ex = pipeline.build(imported.mod, target, "cpu")
+        ex = build_in_memory(imported.mod, target)
     except Exception as err:
         return "build", _last_line(err.__cause__ or err) if isinstance(err, TvmoptError) \
             else _last_line(err)
     try:
-        dev = tvm.cpu()
-        vm = relax.VirtualMachine(ex, dev)
         init_names = {t.name for t in model.graph.initializer}
         names = [i.name for i in model.graph.input if i.name not in init_names]
-        args = []
         for name, value in zip(names, case.inputs):
             if value is None or isinstance(value, list):
                 return "run", f"input '{name}': sequence/optional inputs are not fed by tvmopt"
-            # as tvmopt's runtime feeds them: 8/4/2-bit arrays as their int8/uint8 carriers
-            args.append(tvm.runtime.tensor(contiguous(to_carrier(value)), dev))
-        out = vm["main"](*args)
-        got = _to_numpy(out)
+        # as tvmopt's runtime feeds them: 8/4/2-bit arrays as their int8/uint8 carriers
+        got = run_executable(ex, [v for _, v in zip(names, case.inputs)], flatten=False)
         flat = got if isinstance(got, list) else [got]
         if len(flat) == len(imported.outputs) and not any(isinstance(g, list) for g in flat):
             flat = [from_carrier(g, o.dtype) for g, o in zip(flat, imported.outputs)]
@@ -304,19 +295,6 @@ def run_tvmopt(case: Case, target) -> tuple[str | None, str]:
     diff = compare(got if isinstance(got, list) else [got], case.outputs, case.rtol, case.atol,
                    skip[0] if skip else None)
     return ("mismatch", diff) if diff else (None, "")
-
-
-def _to_numpy(value):
-    import numpy as np
-
-    if hasattr(value, "numpy"):
-        return value.numpy()
-    if isinstance(value, (int, float, bool)):
-        return np.asarray(value)
-    try:
-        return [_to_numpy(v) for v in value]
-    except TypeError:
-        return np.asarray(value)
 
 
 def _worker(conn) -> None:

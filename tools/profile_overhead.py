@@ -46,22 +46,23 @@ def build_modes(name: str, model: Path, db: Path, out: Path, modes) -> dict[str,
     import tvm
 
     from tvmopt import pipeline
-    from tvmopt.frontend import import_onnx
-    from tvmopt.onnx_model import load_onnx
-    from tvmopt.targets import get_target
-    from tvmopt.tuning import replay_database
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.frontend.onnx_model import load_onnx
+    from tvmopt.targets.registry import get_target
+    from tvmopt.tuning.database import db_weight_prepack
+    from tvmopt.tuning.replay import replay_database
 
     bt = _bench_module()
     hw = get_target(bt.TARGET)
     target = hw.to_tvm()
     imported = import_onnx(load_onnx(str(model)), bt.SHAPES[name])
-    cfg = pipeline.PipelineConfig()
-    replay = replay_database(str(db), hw, imported.mod, True, cfg)
-    cfg.database, cfg.weight_prepack = replay.db, replay.weight_prepack
+    cfg = pipeline.PipelineConfig(weight_prepack=db_weight_prepack(db))
+    fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF)
+    cfg.database = replay_database(str(db), hw, fused, True).db
     libs = {}
     for mode in modes:
         cfg.exec_mode = mode
-        ex = pipeline.build(imported.mod, target, hw.device, cfg)
+        ex = pipeline.build(fused, target, cfg, start_after=pipeline.FRONT_HALF)
         libs[mode] = out / f"{name}-{mode}.so"
         ex.export_library(str(libs[mode]))
     return libs
@@ -128,8 +129,8 @@ def main(argv=None) -> int:
     from tvm import relax
 
     from tvmopt.models import bundled
-    from tvmopt.tuning import bundled_db_dir
-    from tvmopt.verify import ort_session
+    from tvmopt.tuning.database import bundled_db_dir
+    from tvmopt.runtime.verify import ort_session
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mobile_cnn,resnet_cnn,tiny_bert")

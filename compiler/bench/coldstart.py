@@ -19,7 +19,7 @@ import json, sys, time
 t0 = time.perf_counter()
 import tvm
 from tvm import relax
-from tvmopt.runtime import load, random_inputs
+from tvmopt.runtime.loader import load, random_inputs
 t1 = time.perf_counter()
 lm = load(sys.argv[1])
 t2 = time.perf_counter()

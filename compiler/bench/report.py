@@ -5,16 +5,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-# Piped or logged output has no terminal width; rich would assume 80 columns and squeeze the
-# tables into ellipses, so give it room. A real terminal keeps its own width.
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+from ..console import console
 
 _STAT_COLS = ("min_ms", "mean_ms", "std_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms",
               "max_ms")

@@ -16,7 +16,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..errors import ModelError, ShapeError
-from ..onnx_model import TensorInfo
+from ..frontend.onnx_model import TensorInfo
 
 
 class Runner(Protocol):
@@ -78,7 +78,7 @@ class InputFactory:
     def feeds(self, batch: int, size: int | None = None) -> dict[str, np.ndarray]:
         key = (batch, size)
         if key not in self._cache:
-            from ..runtime import random_inputs
+            from ..runtime.loader import random_inputs
 
             self._cache[key] = random_inputs(self.inputs, self.dims(batch, size), seed=self.seed)
         return self._cache[key]
@@ -112,7 +112,7 @@ class OrtRunner:
     """onnxruntime, CPU execution provider, intra-op threads = `threads`."""
 
     def __init__(self, model_path: str, factory: InputFactory, threads: int):
-        from ..verify import ort_session
+        from ..runtime.verify import ort_session
 
         self.name = "onnxruntime"
         self.factory = factory
@@ -161,7 +161,7 @@ class TorchRunner:
                  compiled: bool = False):
         import torch
 
-        from ..onnx_model import load_onnx
+        from ..frontend.onnx_model import load_onnx
 
         self.name = "torch.compile" if compiled else "torch"
         self.factory = factory

@@ -122,7 +122,7 @@ class ServerResult:
     depth: list[tuple[float, int]] | None = None  # (time, queued requests) at each change
 
     def summary(self) -> dict:
-        """Everything the report prints and the JSON holds (see README: bench JSON schema)."""
+        """Everything the report prints and the JSON holds (see docs/performance.md: bench JSON schema)."""
         ok = np.array([s == "ok" for s in self.status], dtype=bool)
         items = np.array([r.value if self.size_is_items else 1 for r in self.requests],
                          dtype=np.float64)

@@ -102,7 +102,7 @@ class BenchOptions:
 
 # ------------------------------------------------------------------------------------ artifacts
 def _compile(model: str, opts: BenchOptions, out: Path, shapes: list[str], log) -> str:
-    from ..compile import CompileOptions, compile_model
+    from ..build.compile import CompileOptions, compile_model
 
     log(f"compiling {model} for {opts.target} -> {out}")
     res = compile_model(CompileOptions(model=model, target=opts.target, output=str(out),
@@ -116,8 +116,8 @@ def resolve_artifacts(opts: BenchOptions, log) -> tuple[dict, str | None]:
     A model whose batch dim is symbolic compiles once; a static-batch model is recompiled per
     batch with --shape (its other dims kept).
     """
-    from ..artifact import read_artifact
-    from ..onnx_model import graph_inputs, load_onnx
+    from ..runtime.artifact import read_artifact
+    from ..frontend.onnx_model import graph_inputs, load_onnx
 
     if not opts.is_model:
         art = read_artifact(opts.path)
@@ -151,7 +151,7 @@ def _find_model(entry: dict, artifact_path: str) -> str | None:
     """The .onnx an artifact was compiled from: beside the artifact or a bundled model, matched
     by the sha256 in the manifest (a same-named but different file is not used)."""
     from ..models import bundled
-    from ..onnx_model import sha256_file
+    from ..frontend.onnx_model import sha256_file
 
     beside = Path(artifact_path).parent / entry["file"]
     for cand in [beside, *bundled().values()]:
@@ -197,12 +197,12 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
     """Run every part of the benchmark `opts` asks for.
 
     Returns:
-        The result document (schema SCHEMA, documented in the README's `tvmopt bench` section).
+        The result document (schema SCHEMA, documented in docs/performance.md).
 
     Raises:
         TvmoptError: bad options, model, artifact or shapes.
     """
-    from ..runtime import load
+    from ..runtime.loader import load
     from .clock import RealClock
     from .closed_loop import measure
     from .memory import RssSampler, memory_report
@@ -237,7 +237,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
     # (--shape) may still be symbolic in batch for onnxruntime and torch
     base_factory = factory
     if model is not None and opts.baselines:
-        from ..onnx_model import graph_inputs, load_onnx
+        from ..frontend.onnx_model import graph_inputs, load_onnx
 
         base_factory = InputFactory(graph_inputs(load_onnx(model)), seed=opts.seed)
     if doc["device"] == "cpu" and doc["host"]["tvm_threads"] != opts.threads:

@@ -1,1 +1,0 @@
-"""Analyses over compiled modules: the roofline cost model (`roofline`)."""

@@ -1,0 +1,243 @@
+"""The compile API: ONNX file -> Relax -> optimized, built artifact (+ optional verification)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import BuildError, TvmoptError
+from ..frontend.onnx_model import load_onnx, parse_shapes, sha256_file
+from ..precision.policy import parse as parse_precision
+from ..runtime.verify import Tolerance
+from ..targets.cross import cross_cc
+from ..targets.registry import HardwareTarget, get_target, target_json
+from ..tuning.database import db_weight_prepack
+
+
+@dataclass
+class CompileOptions:
+    """Everything `compile` needs, validated on construction.
+
+    Attributes:
+        model: path to the .onnx file.
+        target: target name or alias from targets/ (or 'host').
+        output: artifact folder (default: <model stem>.tvmopt next to the model).
+        shapes: --shape overrides, 'NAME=1x3x224x224' strings or parsed dict.
+        verify: compare with onnxruntime after building.
+        tolerance: verification tolerance.
+        verify_dims: values for symbolic dims during verification.
+        save_temps: folder to dump the IR after each phase (TVMOPT_SAVE_TEMPS).
+        db: MetaSchedule database folder (from `tvmopt tune`) to replay after fusion.
+        require_db: fail if the database misses any task instead of falling back to dlight.
+        dispatch: CPU conv2d/matmul by "codegen" (default schedules), "library" (oneDNN) or
+            "auto" (timed per kernel); see tvmopt.pipeline.DISPATCH.
+        allow_newer_opset: import an opset newer than the importer knows (recorded).
+    """
+
+    model: str
+    target: str = "x86"
+    output: str | None = None
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    verify: bool = False
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    verify_dims: dict[str, int] = field(default_factory=dict)
+    save_temps: str | None = None
+    # "auto" or a precision from tvmopt.precision.policy.SCHEMES; max error allowed vs the fp32 build
+    precision: str = "auto"
+    max_error: float | None = None
+    db: str | None = None
+    require_db: bool = False
+    dispatch: str = "codegen"
+    allow_newer_opset: bool = False
+
+    def __post_init__(self):
+        from ..pipeline import DISPATCH
+
+        if self.dispatch not in DISPATCH:
+            raise TvmoptError(f"unknown dispatch '{self.dispatch}' (choose {', '.join(DISPATCH)})")
+        if isinstance(self.shapes, (list, tuple)):
+            self.shapes = parse_shapes(self.shapes)
+        parse_precision(self.precision)
+        if self.output is None:
+            self.output = str(Path(self.model).with_suffix(".tvmopt"))
+        if self.save_temps is None:
+            self.save_temps = os.environ.get("TVMOPT_SAVE_TEMPS") or None
+
+
+@dataclass
+class CompileResult:
+    artifact: object
+    timings: dict[str, float]
+    verification: list | None = None
+    replay: object | None = None  # tuning.Replay when compiled with --db
+
+
+def _dumper(folder: str | None):
+    if not folder:
+        return None
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    counter = iter(range(100))
+
+    def dump(phase, mod):
+        (Path(folder) / f"{next(counter):02d}-{phase}.py").write_text(mod.script(show_meta=False))
+
+    return dump
+
+
+def compile_model(opts: CompileOptions, log=print) -> CompileResult:
+    """Import, optimize, build and write an artifact for `opts.model`.
+
+    One front half per compile: the model is imported once and the pipeline runs up to and
+    including `fuse` once; that fused module is what the planner prices, the database is matched
+    against and the build continues from. Only a plan that rewrites precision (fp16, int8
+    weights, integer matmuls in fp32) runs precision..fuse again, since its Relax rewrites must
+    come before legalization.
+
+    Raises:
+        TvmoptError: any user-facing failure (model, op, shape, target, build, verification).
+    """
+    from .. import pipeline
+    from ..frontend.importer import import_onnx, model_opset
+    from ..passes.schedule_guard import take_fallbacks
+    from ..precision.plan import make_plan
+    from ..precision.rewrites import passes_for
+    from ..runtime.artifact import write_artifact
+    from .accuracy import accuracy_report
+    from .manifest import cuda_report, kernels_manifest, precision_manifest, schedule_fallbacks
+
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    hw: HardwareTarget = get_target(opts.target)
+    cc = cross_cc(hw)  # a missing cross compiler fails now, not after the build
+    if hw.device == "cuda":
+        from ..targets.cuda import enable_cuda_codegen
+
+        enable_cuda_codegen()
+    take_fallbacks()  # start this build's record empty
+    model = load_onnx(opts.model)
+    imported = import_onnx(model, opts.shapes, allow_newer_opset=opts.allow_newer_opset)
+    timings["import_s"] = time.perf_counter() - t0
+
+    target = hw.to_tvm()
+    dump = _dumper(opts.save_temps)
+    # A database's records were tuned with or without weight prepack; the front half must match.
+    prepack = db_weight_prepack(opts.db) if opts.db else False
+    # A database's records were tuned on the NCHW functions `tune` extracted: keep that layout.
+    cfg = pipeline.PipelineConfig(weight_prepack=prepack, dispatch=opts.dispatch,
+                                  channels_last=not opts.db)
+
+    # Front half, then the plan of its fp32 kernels: the roofline picks the precision per target.
+    t_plan = time.perf_counter()
+    try:
+        fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF, dump=dump)
+    except Exception as err:
+        raise BuildError(f"optimization failed: {_last_line(err)}") from err
+    plan = make_plan(fused, hw, opts.precision, dims=opts.verify_dims)
+    for d in plan.decisions:
+        log(f"precision {d.precision}: {d.action}: {d.reason}")
+    cfg.precision_passes = passes_for(plan, hw)
+    if cfg.precision_passes:  # the rewrites run in the precision phase, before legalization
+        try:
+            fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF,
+                                      dump=dump)
+        except Exception as err:
+            raise BuildError(f"optimization failed: {_last_line(err)}") from err
+    timings["plan_s"] = time.perf_counter() - t_plan
+
+    # Tuning database: matched against the fused module the "database" phase will see.
+    replay = None
+    if opts.db:
+        from ..tuning.replay import replay_database
+
+        t_db = time.perf_counter()
+        replay = replay_database(opts.db, hw, fused, opts.require_db)
+        cfg.database = replay.db
+        timings["database_s"] = time.perf_counter() - t_db
+
+    t1 = time.perf_counter()
+    ex = pipeline.build(fused, target, cfg, dump=dump, start_after=pipeline.FRONT_HALF)
+    timings["build_s"] = time.perf_counter() - t1
+    for note in cfg.notes:
+        log(f"note: {note}")
+
+    manifest = {
+        "model": {"file": Path(opts.model).name, "sha256": sha256_file(opts.model),
+                  "opset": imported.opset,
+                  "declared_opset": model_opset(model),
+                  "allow_newer_opset": opts.allow_newer_opset},
+        "kernels": kernels_manifest(cfg, replay),
+        "tvm_version": _tvm_version(),
+        "target": {"name": hw.name, "device": hw.device, "arch": hw.arch,
+                   "features": list(hw.features), "tvm": target_json(target)},
+        "inputs": [i.to_json() for i in imported.inputs],
+        "outputs": [o.to_json() for o in imported.outputs],
+        "shape_overrides": {k: list(v) for k, v in opts.shapes.items()},
+        "passes": pipeline.pass_names(hw.device, target, cfg),
+        "precision": precision_manifest(plan),
+        "tuning": {"database": None},
+    }
+    manifest["plan"] = plan.to_json()
+    manifest["schedule_fallbacks"] = schedule_fallbacks(log)
+    extra = {}
+    if hw.device == "cuda":
+        extra["kernels.cu"], manifest["cuda"] = cuda_report(ex, hw, plan, log)
+    if replay is not None:
+        manifest["tuning"] = replay.to_json()
+    t2 = time.perf_counter()
+    art = write_artifact(opts.output, ex, manifest, extra_files=extra, cc=cc)
+    timings["export_s"] = time.perf_counter() - t2
+    if plan.precision != "fp32" or any(k.integer_matmul for k in plan.kernels):
+        t3 = time.perf_counter()
+        accuracy_report(art, imported, cfg, hw, opts, log)
+        timings["accuracy_s"] = time.perf_counter() - t3
+    result = CompileResult(art, timings, replay=replay)
+    if opts.verify:
+        result.verification = verify_artifact(art.path, opts.model, opts.tolerance, opts.verify_dims)
+    return result
+
+
+def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, int] | None = None):
+    """Run artifact and onnxruntime on the same random inputs; raise past tolerance."""
+    from ..runtime import verify
+    from ..runtime.artifact import read_artifact, update_manifest
+    from ..runtime.loader import load, random_inputs
+
+    lm = load(artifact_path)
+    feeds = random_inputs(lm.inputs, dims)
+    got = lm.run(feeds)
+    ref = verify.run_onnxruntime(str(model_path), feeds)
+    errors = verify.compare(got, ref, tol)
+    record = {"reference": "onnxruntime", "atol": tol.atol, "rtol": tol.rtol}
+    saturating = (any(e.mismatched for e in errors) and not verify.host_has_vnni()
+                  and verify.integer_product_ops(model_path))
+    if saturating:
+        exact = verify.compare(got, verify.run_reference(str(model_path), feeds), tol)
+        if not any(e.mismatched for e in exact):
+            worst = max(errors, key=lambda e: e.max_abs)
+            record.update(reference="onnx.reference", onnxruntime=verify.to_json(errors),
+                          note=f"onnxruntime differs by up to {worst.max_abs:.3g} on this host: "
+                               f"its u8 x s8 kernels ({', '.join(sorted(saturating))}) saturate "
+                               "int16 pair sums on CPUs without VNNI; tvmopt matches "
+                               "onnx.reference's exact integer arithmetic")
+            errors = exact
+    update_manifest(read_artifact(artifact_path, check_hashes=False),
+                    verification={**record, "outputs": verify.to_json(errors)})
+    verify.check(errors, tol)
+    return errors
+
+
+
+def _last_line(err: Exception) -> str:
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+def _tvm_version() -> str:
+    import tvm
+
+    return tvm.__version__
+
+
+__all__ = ["CompileOptions", "CompileResult", "compile_model", "verify_artifact", "TvmoptError"]

@@ -1,0 +1,68 @@
+"""Manifest sections of `compile`: the precision decisions, schedule fallbacks and the CUDA report."""
+
+from __future__ import annotations
+
+import os
+
+from ..targets.registry import HardwareTarget
+
+
+def precision_manifest(plan) -> dict:
+    """The manifest's "precision" section: what was asked, what was chosen, and every decision."""
+    return {
+        "requested": plan.requested,
+        "default": plan.precision,
+        "decisions": [{"precision": d.precision, "action": d.action, "reason": d.reason}
+                      for d in plan.decisions],
+        "kernels": {k.name: {"precision": k.precision, "why": k.why} for k in plan.kernels},
+    }
+
+
+def kernels_manifest(cfg, replay=None) -> dict:
+    """Who computes the heavy kernels: the build kind, the per-kernel choices with their timings,
+    and the libraries the artifact needs loaded before it runs."""
+    library = [c for c in cfg.dispatch_choices if c.choice == "library"]
+    if replay is not None:
+        kind = "tuned"
+    elif library:
+        kind = "dispatched"
+    else:
+        kind = "untuned"
+    return {"build": kind, "dispatch": cfg.dispatch,
+            "layout": "NHWC" if cfg.use_channels_last else "as imported",
+            "requires": ["onednn"] if library else [],
+            "choices": [c.to_json() for c in cfg.dispatch_choices],
+            "notes": list(cfg.notes)}
+
+
+def schedule_fallbacks(log=print) -> list[dict]:
+    """Kernels whose preferred dlight rule failed during this build (printed, for the manifest)."""
+    from ..passes.schedule_guard import take_fallbacks
+
+    out = take_fallbacks()
+    for f in out:
+        why = " (no tensor cores)" if f["rule"] == "Matmul" else ""
+        log(f"schedule: {f['rule']} failed on {f['kernel']} ({f['error']}); "
+            f"the kernel uses the next dlight rule{why}")
+    return out
+
+
+def cuda_report(executable, hw: HardwareTarget, plan, log=print) -> tuple[bytes, dict]:
+    """The CUDA source for the artifact, and which kernels got tensor-core (MMA) code.
+
+    The plan predicts fp16 matmul/conv time at the tensor-core peak; when dlight gave no kernel
+    a tensor-core schedule that prediction does not hold, and this says so.
+    """
+    from ..targets.cuda import cuda_source, tensor_core_kernels
+
+    src = cuda_source(executable)
+    with_tc, kernels = tensor_core_kernels(src)
+    info = {"arch": hw.tvm.get("arch"), "compiler": os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc"),
+            "kernels": len(kernels), "tensor_core_kernels": with_tc}
+    log(f"cuda {info['arch']}: {len(kernels)} kernels, {len(with_tc)} with tensor-core MMA")
+    if plan.precision == "fp16" and not with_tc:
+        note = ("fp16 was chosen assuming tensor-core matmul/conv, but no kernel got a tensor-core "
+                "schedule from dlight; fp16 still halves memory traffic")
+        info["note"] = note
+        log(f"warning: {note}")
+    return src.encode(), info

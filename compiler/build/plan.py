@@ -1,0 +1,54 @@
+"""`tvmopt plan` as an API: import a model with its symbolic dims bound, run the front half once,
+and plan the fused module."""
+
+from __future__ import annotations
+
+from ..errors import TvmoptError
+from ..targets.registry import HardwareTarget
+
+
+def _static_shapes(inputs, dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    return {i.name: tuple(d if isinstance(d, int) else int(dims.get(d, 1)) for d in i.shape)
+            for i in inputs if i.shape is not None}
+
+
+def plan_model(model, hw: HardwareTarget, precision: str = "auto",
+               dims: dict[str, int] | None = None,
+               shapes: dict[str, tuple[int, ...]] | None = None):
+    """Plan the compilation of `model` (path or onnx.ModelProto) for `hw`.
+
+    FLOPs need numbers, so the model is imported with every symbolic dim bound to `dims`
+    (default 1); `shapes` (--shape overrides) take precedence.
+
+    Returns:
+        The `precision.plan.Plan`.
+
+    Raises:
+        TargetError: unknown precision, or the target lacks the figures a roofline needs.
+    """
+    from .. import pipeline
+    from ..frontend.importer import import_onnx
+    from ..frontend.onnx_model import load_onnx, resolve_input_shapes
+    from ..precision.plan import make_plan
+    from ..precision.policy import parse
+
+    parse(precision)
+    dims = dict(dims or {})
+    proto = load_onnx(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else model
+    infos = resolve_input_shapes(proto, dict(shapes or {}))
+    used_dims = {d: int(dims.get(d, 1)) for i in infos for d in (i.shape or ()) if isinstance(d, str)}
+    static = _static_shapes(infos, dims)
+    static.update(shapes or {})
+    try:
+        mod = import_onnx(proto, static).mod
+    except TvmoptError:
+        # Some graphs only import with symbolic dims: import as compile does, then bind them.
+        from tvm import relax
+
+        mod = import_onnx(proto, dict(shapes or {})).mod
+        if used_dims:
+            mod = relax.transform.BindSymbolicVars(used_dims, "main")(mod)
+    fused = pipeline.optimize(mod, hw.to_tvm(), pipeline.PipelineConfig(), until=pipeline.FRONT_HALF)
+    plan = make_plan(fused, hw, precision, dims)
+    plan.dims = used_dims  # the model's symbolic dims, as bound for the import
+    return plan

@@ -1,0 +1,94 @@
+"""`tvmopt bench`: parse -> BenchOptions -> bench.suite.run_bench -> print / write files."""
+
+from __future__ import annotations
+
+import click
+
+from . import options
+
+
+def _int_list(ctx, param, value) -> list[int]:
+    try:
+        out = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"'{value}': expected comma-separated integers, e.g. 1,8,32") from None
+    if not out:
+        raise click.BadParameter("give at least one batch size")
+    return out
+
+
+def _name_list(ctx, param, value) -> list[str]:
+    return [x.strip() for x in (value or "").split(",") if x.strip()]
+
+
+@click.command()
+@click.argument("path", type=click.Path(), required=False)
+@click.option("--model", type=click.Path(dir_okay=False),
+              help="The .onnx for baselines when PATH is an artifact [default: the file whose "
+                   "sha256 the manifest records, beside the artifact or bundled].")
+@options.target("Compile target when PATH is an .onnx model.")
+@click.option("-o", "--output", type=click.Path(),
+              help="Folder for artifacts compiled from a model [default: tvmopt-out/bench/STEM].")
+@options.shapes("Shape overrides when compiling (repeatable).")
+@click.option("--batch", "batches", default="1", show_default=True, callback=_int_list,
+              help="Closed-loop batch sweep, e.g. 1,8,32.")
+@click.option("--runs", type=int, default=50, show_default=True, help="Timed calls per runner and batch.")
+@click.option("--warmup", type=int, default=5, show_default=True, help="Warm-up calls (reported apart).")
+@click.option("--max-seconds", type=float, default=10.0, show_default=True,
+              help="Time budget per batch size of the sweep (stops --runs early).")
+@click.option("--baselines", default="", callback=_name_list,
+              help="Comma list of ort, torch (eager via onnx2torch), torch.compile.")
+@click.option("--threads", type=int, help="onnxruntime / torch threads [default: all cores].")
+@click.option("--load", type=click.Choice(["poisson", "burst"]),
+              help="Open-loop load test through the dynamic-batching server.")
+@click.option("--rate", type=float, default=50.0, show_default=True, help="Requests per second.")
+@click.option("--duration", type=float,
+              help="Seconds of the load test (default 10); without --load: soak for this long.")
+@click.option("--burst", metavar="RATE:S,RATE:S,...",
+              help="Burst phases [default: rate, 4x rate, rate, a third of --duration each].")
+@click.option("--sizes", metavar="short:0.6,medium:0.3,long:0.1",
+              help="Request-size mix (short=1, medium=4, long=16 items, or the model's sequence "
+                   "dim if it has one; NAME=N:RATIO for other values).")
+@click.option("--max-batch", type=int, default=8, show_default=True, help="Server: items per batch.")
+@click.option("--max-wait-ms", type=float, default=5.0, show_default=True,
+              help="Server: how long the oldest request waits for a fuller batch.")
+@click.option("--timeout-ms", type=float, default=1000.0, show_default=True,
+              help="Server: requests not started within this time out (0: never).")
+@click.option("--max-queue", type=int, default=1000, show_default=True,
+              help="Server: requests arriving to a full queue are dropped.")
+@click.option("--soak", type=float, metavar="SECONDS",
+              help="Soak for this long (also with --load; --duration alone means the same).")
+@click.option("--profile-top", type=int, default=10, show_default=True,
+              help="Rows of the per-kernel profile (0: skip).")
+@click.option("--no-coldstart", is_flag=True, help="Skip the fresh-process cold-start measurement.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the result JSON.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write a flat CSV.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of plots.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
+def bench(path, model, target, output, shapes, batches, runs, warmup, max_seconds, baselines,
+          threads, load, rate, duration, burst, sizes, max_batch, max_wait_ms, timeout_ms,
+          max_queue, soak, profile_top, no_coldstart, seed, json_path, csv_path, plot_path, quiet):
+    """Latency and throughput of PATH (an artifact folder, or an .onnx compiled first).
+
+    Closed-loop percentiles per batch size, baselines side by side, per-kernel profile, peak
+    memory and cold start; with --load, an open-loop test through a dynamic-batching server;
+    with only --duration, a soak that watches latency drift and RSS growth.
+    """
+    from ..bench.report import print_bench, write_csv, write_json, write_plot
+    from ..bench.suite import BenchOptions, run_bench
+
+    opts = BenchOptions(path=path or options.default_model(), model=model, target=target, output=output,
+                        shapes=list(shapes), batches=batches, runs=runs, warmup=warmup,
+                        max_seconds=max_seconds, baselines=baselines, threads=threads, load=load,
+                        rate=rate, duration=duration, burst=burst, sizes=sizes,
+                        max_batch=max_batch, max_wait_ms=max_wait_ms, timeout_ms=timeout_ms,
+                        max_queue=max_queue, coldstart=not no_coldstart, profile_top=profile_top,
+                        seed=seed, soak=soak)
+    log = (lambda msg: None) if quiet else (lambda msg: click.echo(f"[bench] {msg}", err=True))
+    doc = run_bench(opts, log=log)
+    print_bench(doc)
+    for p, writer in ((json_path, write_json), (csv_path, write_csv), (plot_path, write_plot)):
+        if p:
+            writer(doc, p)
+            click.echo(f"wrote {p}")

@@ -1,0 +1,44 @@
+"""`tvmopt compile`: MODEL.onnx -> a deployable artifact folder."""
+
+from __future__ import annotations
+
+import click
+
+from . import options
+
+
+@click.command()
+@options.model_argument()
+@options.target()
+@click.option("-o", "--output", type=click.Path(), help="Artifact folder [default: MODEL.tvmopt].")
+@options.shapes()
+@click.option("--verify", is_flag=True, help="Compare with onnxruntime on random inputs.")
+@click.option("--atol", type=float, default=1e-4, show_default=True)
+@click.option("--rtol", type=float, default=1e-3, show_default=True)
+@options.dims("Value of a symbolic dim for --verify (default 1).")
+@options.precision()
+@click.option("--max-error", type=float, default=None,
+              help="Fail when a non-fp32 build's max abs error vs the fp32 build exceeds this.")
+@click.option("--db", type=click.Path(file_okay=False),
+              help="Replay this tuning database (from `tvmopt tune`).")
+@click.option("--require-db", is_flag=True, help="Fail if --db misses any task.")
+@options.dispatch()
+@options.allow_newer_opset()
+def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, max_error, db,
+            require_db, dispatch, allow_newer_opset):
+    """Compile MODEL.onnx into a deployable artifact folder."""
+    from ..build.compile import CompileOptions, compile_model
+    from ..report import print_compile_result
+    from ..runtime.verify import Tolerance
+
+    opts = CompileOptions(model=model or options.default_model(), target=target, output=output,
+                          shapes=list(shapes), verify=verify, tolerance=Tolerance(atol, rtol),
+                          verify_dims=options.parse_dims(dims), precision=precision,
+                          max_error=max_error, db=db, require_db=require_db, dispatch=dispatch,
+                          allow_newer_opset=allow_newer_opset)
+    result = compile_model(opts)
+    print_compile_result(result)
+    if result.replay is not None:
+        from ..tuning.report import print_replay
+
+        print_replay(result.replay)

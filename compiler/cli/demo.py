@@ -1,0 +1,46 @@
+"""`tvmopt demo`: the main job on the bundled model: compile, verify, run, time."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from . import options
+
+
+@click.command()
+@options.target()
+@click.option("-o", "--output", type=click.Path(), default="tvmopt-out/default.tvmopt",
+              show_default=True)
+@click.option("--runs", type=int, default=50, show_default=True)
+def demo(target, output, runs):
+    """The main job on the bundled model: compile, verify against onnxruntime, run, time."""
+    # The latency table runs onnxruntime with threads = cores; give TVM's pool the same (its
+    # default is half the logical cores), before compiling starts the pool.
+    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    from ..build.compile import CompileOptions, compile_model
+    from ..bench.quick import latency_summary
+    from ..report import print_compile_result, print_latency_summary
+
+    from ..models import DEFAULT
+    from ..targets.registry import get_target
+    from ..tuning.database import bundled_db_dir, read_manifest
+
+    # The committed tuning database for this model and target, replayed with the shapes it was
+    # tuned at; without one, the default (dlight) schedules.
+    db = bundled_db_dir(DEFAULT, get_target(target).name)
+    db_manifest = read_manifest(db) if db.is_dir() else None
+    shapes = ([f"{k}={'x'.join(map(str, v))}" for k, v in db_manifest.get("shapes", {}).items()]
+              if db_manifest else [])
+    if not db_manifest:
+        click.echo(f"no committed tuning database for {DEFAULT} on {target}: default schedules")
+    opts = CompileOptions(model=options.default_model(), target=target, output=output, verify=True,
+                          shapes=shapes, db=str(db) if db_manifest else None)
+    result = compile_model(opts)
+    print_compile_result(result)
+    if result.replay is not None:
+        from ..tuning.report import print_replay
+
+        print_replay(result.replay)
+    print_latency_summary(latency_summary(result.artifact.path, opts.model, runs=runs))

@@ -1,0 +1,24 @@
+"""`tvmopt inspect`: opset, inputs/outputs, ops, parameters, FLOPs and unsupported ops of a model."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from . import options
+
+
+@click.command()
+@options.model_argument()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def inspect(model, as_json):
+    """Describe MODEL.onnx: opset, inputs/outputs, ops, parameters, FLOPs, unsupported ops."""
+    from ..frontend.model_info import inspect_model
+    from ..report import print_model_info
+
+    info = inspect_model(model or options.default_model())
+    if as_json:
+        click.echo(json.dumps(info.to_json(), indent=2))
+    else:
+        print_model_info(info)

@@ -1,0 +1,72 @@
+"""Shared click options and helpers: each option and its choices are declared once here.
+
+Command modules take what they need (`@options.target()`, `@options.shapes()`, ...) and never
+import each other.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ..console import console, err_console  # noqa: F401 - the one console of the CLI
+
+
+def default_model() -> str:
+    """The bundled model, used when a command is given no MODEL."""
+    from ..models import default_model_path
+
+    return str(default_model_path())
+
+
+def model_argument():
+    return click.argument("model", type=click.Path(dir_okay=False), required=False)
+
+
+def target(help: str = "Target name or alias from targets/ ('tvmopt targets' lists them), "
+                       "or 'host'."):
+    return click.option("--target", "-t", default="x86", show_default=True, help=help)
+
+
+def shapes(help: str = "Fix an input's shape (repeatable). Named dynamic dims stay symbolic "
+                       "otherwise."):
+    return click.option("--shape", "shapes", multiple=True, metavar="NAME=1x3x224x224", help=help)
+
+
+def dims(help: str = "Value of a symbolic dim (default 1)."):
+    return click.option("--dim", "dims", multiple=True, metavar="NAME=N", help=help)
+
+
+def precision(help: str = "auto: the plan picks per target ('tvmopt plan' shows why)."):
+    from ..precision.policy import CHOICES
+
+    return click.option("--precision", "-p", default="auto", show_default=True,
+                        type=click.Choice(CHOICES), help=help)
+
+
+def dispatch(help: str = "Who computes conv2d/matmul on CPU: codegen (tvmopt's default "
+                         "schedules), library (oneDNN wherever it takes the kernel), auto (each "
+                         "kernel timed both ways on this host, the faster kept)."):
+    from ..pipeline import DISPATCH
+
+    return click.option("--dispatch", default="codegen", show_default=True,
+                        type=click.Choice(DISPATCH), help=help)
+
+
+def allow_newer_opset():
+    return click.option("--allow-newer-opset", is_flag=True,
+                        help="Import a model whose ai.onnx opset is newer than the importer knows "
+                             "as the newest it knows (recorded in the manifest).")
+
+
+def parse_dims(items) -> dict[str, int]:
+    """--dim NAME=N values -> {name: n}."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise click.BadParameter(f"'{item}': expected NAME=VALUE", param_hint="--dim")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = int(v)
+        except ValueError:
+            raise click.BadParameter(f"'{item}': VALUE must be an integer", param_hint="--dim") from None
+    return out

@@ -1,0 +1,262 @@
+"""ONNX -> Relax import: TVM's ONNX frontend with tvmopt's converters and error reporting."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from dataclasses import dataclass
+
+from ..errors import ImportFailure, ShapeError, UnsupportedOpError
+from .onnx_model import TensorInfo, resolve_input_shapes
+
+# Ops the importer handles itself rather than through the converter map.
+_BUILTIN_OPS = {"If", "Constant", "Scan", "Loop"}  # Scan/Loop: onnx_ops.control_flow
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+# Contrib ops whose converters implement that domain's own definition. An op is matched by
+# (domain, op type), never by op type alone: a `com.example::MatMul` converted as ONNX's MatMul
+# would be a different model that compiles and runs without a word.
+_CONTRIB_OPS = {"com.microsoft": frozenset({"BiasGelu", "EmbedLayerNormalization", "FastGelu",
+                                            "Gelu", "MatMulInteger16",
+                                            "SkipLayerNormalization"})}
+
+
+def newest_known_opset() -> int:
+    """The newest ai.onnx opset the importer knows: the installed onnx's (its node cases are the
+    conformance suite the converters are checked with)."""
+    import onnx.defs
+
+    return onnx.defs.onnx_opset_version()
+
+
+def opset_verdict(model) -> str | None:
+    """Why the model's ai.onnx opset is refused (newer than the importer knows), else None."""
+    opset, newest = model_opset(model), newest_known_opset()
+    if opset > newest:
+        return (f"the model declares ai.onnx opset {opset}, newer than the newest this importer "
+                f"knows ({newest}): ops may mean something else there; pass "
+                f"--allow-newer-opset to compile it as opset {newest} (recorded in the manifest)")
+    return None
+
+
+def model_opset(model) -> int:
+    for op in model.opset_import:
+        if op.domain in _DEFAULT_DOMAINS:
+            return op.version
+    return 1
+
+
+def _iter_nodes(graph):
+    """All nodes, including those inside subgraphs (If/Loop/Scan bodies)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.g is not None and attr.HasField("g"):
+                yield from _iter_nodes(attr.g)
+            for g in attr.graphs:
+                yield from _iter_nodes(g)
+
+
+def unsupported_ops(model) -> dict[str, list[str]]:
+    """Op types the importer cannot convert, each with the names of the nodes using it.
+
+    Keys are 'op_type' for the default domain and 'domain::op_type' otherwise.
+    """
+    from .onnx_ops import converter_map
+
+    import onnx.defs
+
+    known = set(converter_map()) | _BUILTIN_OPS
+    local_functions = {(f.domain, f.name) for f in model.functions}
+    missing: dict[str, list[str]] = {}
+    for node in _iter_nodes(model.graph):
+        if (node.domain, node.op_type) in local_functions:
+            continue  # expanded by inlining before import
+        if node.domain in _DEFAULT_DOMAINS:
+            ok = node.op_type in known and (node.op_type in _BUILTIN_OPS or
+                                            onnx.defs.has(node.op_type, ""))
+        else:
+            ok = node.op_type in known and node.op_type in _CONTRIB_OPS.get(node.domain, ())
+        if not ok:
+            key = node.op_type if node.domain in _DEFAULT_DOMAINS else f"{node.domain}::{node.op_type}"
+            missing.setdefault(key, []).append(node.name or f"<unnamed {node.op_type}>")
+    return missing
+
+
+def _unsupported_message(model, missing: dict[str, list[str]]) -> str:
+    opset = model_opset(model)
+    parts = []
+    for op, nodes in sorted(missing.items()):
+        shown = ", ".join(nodes[:3]) + (f" (+{len(nodes) - 3} more)" if len(nodes) > 3 else "")
+        parts.append(f"{op} (nodes: {shown})")
+    return f"unsupported ONNX op types at opset {opset}: " + "; ".join(parts)
+
+
+class _OneNode:
+    """A graph holding one node, for feeding TVM's importer node by node."""
+
+    def __init__(self, node):
+        self.node = [node]
+
+
+def _make_importer_class():
+    from tvm import relax
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+    from .onnx_ops import converter_map
+
+    class Importer(ONNXGraphImporter):
+        """TVM's importer, using tvmopt's converter map and naming the node that failed."""
+
+        def _check_for_unsupported_ops(self, graph):
+            pass  # done before import by unsupported_ops(), with node names
+
+        def _construct_nodes(self, graph):
+            # TVM refuses a node whose input is a shape value (Shape(x) kept as a ShapeExpr, a
+            # dim as a scalar) unless the op is on its short list, which fails expanded function
+            # bodies (LayerNormalization_expanded: Shape -> ConstantOfShape -> ...). Feed such
+            # inputs as int64 tensors instead, one node at a time.
+            from .onnx_ops import control_flow, shape_values
+
+            for node in graph.node:
+                node = shape_values.materialize_inputs(self.bb, self._nodes, node)
+                if node.op_type in control_flow.UNROLLED:  # they need the importer, not a converter
+                    control_flow.unroll(self, node)
+                    continue
+                super()._construct_nodes(_OneNode(node))
+            # A graph output that is a shape value (e.g. Shape(x) itself) leaves as a tensor.
+            for out in graph.output:
+                value = self._nodes.get(out.name)
+                if value is not None and (shape_values.prim_of(value) is not None or
+                                          shape_values._is_shape_value(value)):
+                    self._nodes[out.name] = shape_values.as_shape_tensor(self.bb, value)
+
+        def _convert_operator(self, op_name, inputs, attrs, opset):
+            cmap = converter_map()
+            if op_name not in cmap:
+                raise UnsupportedOpError(f"unsupported ONNX op type {op_name} at opset {opset}")
+            node_name = attrs.get("tvm_custom", {}).get("name") or "<unnamed>"
+            try:
+                sym = cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
+                                                          [self._nodes, self._params])
+            except (ImportFailure, UnsupportedOpError, ShapeError):
+                raise
+            except Exception as err:
+                msg = str(err).strip().splitlines()
+                reason = msg[-1] if msg else type(err).__name__
+                raise ImportFailure(f"node '{node_name}' ({op_name}, opset {opset}): {reason}") from err
+            if isinstance(sym, relax.Expr):
+                sym = self.bb.normalize(sym)
+            return sym
+
+    return Importer
+
+
+@dataclass
+class ImportedModel:
+    """A Relax module together with the model's input/output descriptions."""
+
+    mod: object  # tvm.IRModule
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    opset: int
+
+
+def _prepare(model):
+    """Normalise what exporters emit into something the importer takes."""
+    if model.functions:
+        # torch.onnx (dynamo) and onnxscript emit model-local functions; inline them.
+        from onnx import inliner
+
+        model = inliner.inline_local_functions(model)
+    from .onnx_ops import preprocess
+
+    return preprocess.run(model)
+
+
+def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None,
+                allow_newer_opset: bool = False) -> ImportedModel:
+    """Import an ONNX ModelProto into a Relax IRModule with weights bound as constants.
+
+    Args:
+        model: a loaded, checked onnx.ModelProto (see onnx_model.load_onnx).
+        shape_overrides: static shapes for inputs ('--shape'); named dynamic dims otherwise stay
+            symbolic.
+        allow_newer_opset: import a model whose ai.onnx opset is newer than the importer knows
+            as the newest it knows (otherwise refused).
+
+    Raises:
+        UnsupportedOpError: op types with no converter, or of a domain whose op the importer
+            does not implement (all listed, with node names); an opset newer than it knows.
+        ShapeError: an input dim is unknown and not given, or symbolic dims cannot be kept.
+        ImportFailure: a node failed to convert (named).
+    """
+    from tvm import relax
+
+    overrides = dict(shape_overrides or {})
+    inputs = resolve_input_shapes(model, overrides)
+    model = _prepare(model)
+    # 8/4/2-bit tensors travel as int8/uint8 carriers inside tvmopt (onnx_ops/narrow.py)
+    from .narrow_types import carrier_name
+    from .onnx_ops.narrow import carry_in_bytes
+
+    model, narrow_outputs = carry_in_bytes(model)
+    missing = unsupported_ops(model)
+    if missing:
+        raise UnsupportedOpError(_unsupported_message(model, missing))
+    too_new = opset_verdict(model)
+    if too_new and not allow_newer_opset:
+        raise UnsupportedOpError(too_new)
+
+    opset = min(model_opset(model), newest_known_opset())
+    shape_dict = {i.name: list(i.shape) for i in inputs if i.name in overrides}
+    dtype_dict = {i.name: carrier_name(i.dtype) for i in inputs}
+    importer = _make_importer_class()(shape_dict, dtype_dict, keep_params_in_input=False,
+                                      sanitize=True)
+    symbolic = [f"{i.name}[{k}]={d}" for i in inputs for k, d in enumerate(i.shape)
+                if isinstance(d, str)]
+    sink = io.StringIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sink):
+            warnings.simplefilter("ignore")
+            mod = importer.from_onnx(model.graph, opset)
+    except (UnsupportedOpError, ShapeError) as err:
+        raise err from None
+    except ImportFailure as err:
+        if symbolic:
+            raise ShapeError(f"{err}; with symbolic dimensions {', '.join(symbolic)}: pass --shape "
+                             "to make them static") from None
+        raise ImportFailure(str(err)) from None
+    except Exception as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+        if symbolic:
+            raise ShapeError(f"import failed with symbolic dimensions {', '.join(symbolic)}: "
+                             f"{reason}; pass --shape to make them static") from None
+        raise ImportFailure(f"import failed: {reason}") from None
+    outputs = [TensorInfo(o.name, o.shape, narrow_outputs.get(o.name, o.dtype))
+               for o in _output_infos(mod, model)]
+    return ImportedModel(mod=mod, inputs=inputs, outputs=outputs, opset=opset)
+
+
+def _struct_to_info(name: str, sinfo) -> TensorInfo:
+    from tvm import relax
+
+    if not isinstance(sinfo, relax.TensorType):
+        raise ImportFailure(f"output '{name}' is not a tensor ({sinfo}); only tensor outputs are supported")
+    if sinfo.shape is None or not hasattr(sinfo.shape, "values"):
+        shape = None
+    else:
+        shape = tuple(int(v) if hasattr(v, "value") else str(v) for v in sinfo.shape.values)
+    return TensorInfo(name, shape, str(sinfo.dtype))
+
+
+def _output_infos(mod, model) -> list[TensorInfo]:
+    from tvm import relax
+
+    ret = mod["main"].ret_ty
+    names = [o.name for o in model.graph.output]
+    fields = ret.fields if isinstance(ret, relax.TupleType) else [ret]
+    if len(fields) != len(names):
+        raise ImportFailure(f"imported graph returns {len(fields)} values, the model declares "
+                            f"{len(names)} outputs")
+    return [_struct_to_info(n, s) for n, s in zip(names, fields)]

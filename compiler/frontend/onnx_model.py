@@ -1,0 +1,184 @@
+"""Loading and describing ONNX models, without TVM: used by `inspect` and before import."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ModelError, ShapeError
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_onnx(path: str | Path):
+    """Load and validate an ONNX model file.
+
+    Raises:
+        ModelError: the file is missing, not an ONNX protobuf, truncated, or structurally invalid.
+    """
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"{p}: no such file")
+    if p.is_dir():
+        raise ModelError(f"{p}: is a directory, expected an .onnx file")
+    data = p.read_bytes()
+    if not data:
+        raise ModelError(f"{p}: file is empty")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as err:
+        raise ModelError(f"{p}: not a valid ONNX file (protobuf decode failed: {err}); "
+                         "is it truncated or a different format?") from None
+    # protobuf is lenient: arbitrary bytes can decode into an almost-empty message.
+    if model.ir_version <= 0 or not model.HasField("graph") or not model.graph.output:
+        raise ModelError(f"{p}: not a valid ONNX model (no ir_version or graph outputs); "
+                         "is it truncated or a different format?")
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        try:
+            from onnx.external_data_helper import load_external_data_for_model
+
+            load_external_data_for_model(model, str(p.parent))
+        except Exception as err:
+            raise ModelError(f"{p}: cannot load external tensor data: {err}") from None
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "invalid model"
+        raise ModelError(f"{p}: invalid ONNX model: {first}") from None
+    return model
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Name, shape and dtype of a graph input or output.
+
+    Shape entries are ints (static), strings (named symbolic dims) or None (unknown).
+    """
+
+    name: str
+    shape: tuple
+    dtype: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @staticmethod
+    def from_json(d: dict) -> "TensorInfo":
+        return TensorInfo(d["name"], tuple(d["shape"]), d["dtype"])
+
+    def shape_str(self) -> str:
+        return "x".join("?" if d is None else str(d) for d in self.shape) or "scalar"
+
+
+def _dtype_name(elem_type: int) -> str:
+    import onnx
+
+    if elem_type == 0:
+        return "unknown"
+    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+    return {"bool": "bool"}.get(str(np_dtype), str(np_dtype))
+
+
+def _value_info(vi) -> TensorInfo:
+    tt = vi.type.tensor_type
+    dtype = _dtype_name(tt.elem_type)
+    if not tt.HasField("shape"):
+        return TensorInfo(vi.name, None, dtype)
+    return TensorInfo(vi.name, tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                     for d in tt.shape.dim), dtype)
+
+
+def graph_inputs(model) -> list[TensorInfo]:
+    """The real inputs: graph inputs that are not initializers."""
+    inits = {t.name for t in model.graph.initializer}
+    return [_value_info(vi) for vi in model.graph.input if vi.name not in inits]
+
+
+def graph_outputs(model) -> list[TensorInfo]:
+    return [_value_info(vi) for vi in model.graph.output]
+
+
+def parse_shape_spec(spec: str) -> tuple[str, tuple[int, ...]]:
+    """Parse a --shape argument 'NAME=1x3x224x224' (also 'NAME=1,3,224,224' or 'NAME=' for scalar)."""
+    if "=" not in spec:
+        raise ShapeError(f"--shape '{spec}': expected NAME=DIMxDIMx... e.g. input=1x3x224x224")
+    name, dims = spec.rsplit("=", 1)
+    dims = dims.strip()
+    if not dims:
+        return name, ()
+    try:
+        shape = tuple(int(d) for d in dims.replace(",", "x").split("x"))
+    except ValueError:
+        raise ShapeError(f"--shape '{spec}': dimensions must be integers, e.g. {name}=1x3x224x224") from None
+    if any(d <= 0 for d in shape):
+        raise ShapeError(f"--shape '{spec}': dimensions must be positive")
+    return name, shape
+
+
+def parse_shapes(specs) -> dict[str, tuple[int, ...]]:
+    """Parse every --shape argument (see parse_shape_spec) into {input name: shape}.
+
+    The one parser of shape specs: compile, plan, tune and bench all read --shape through it.
+
+    Raises:
+        ShapeError: a malformed spec, or the same input named twice.
+    """
+    parsed: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        name, shape = parse_shape_spec(spec)
+        if name in parsed:
+            raise ShapeError(f"--shape given twice for '{name}'")
+        parsed[name] = shape
+    return parsed
+
+
+def resolve_input_shapes(model, overrides: dict[str, tuple[int, ...]]) -> list[TensorInfo]:
+    """Apply --shape overrides to the graph inputs and check them.
+
+    Named symbolic dims stay symbolic (Relax keeps them, so the artifact runs any size).
+    Unnamed unknown dims and unknown ranks need an override.
+
+    Raises:
+        ShapeError: an override names no input or has the wrong rank, or a dim is unknown.
+    """
+    inputs = graph_inputs(model)
+    names = [i.name for i in inputs]
+    for name in overrides:
+        if name not in names:
+            raise ShapeError(f"--shape names '{name}', which is not a model input "
+                             f"(inputs: {', '.join(names)})")
+    out = []
+    for inp in inputs:
+        if inp.name in overrides:
+            shape = overrides[inp.name]
+            if inp.shape is not None and len(inp.shape) != len(shape):
+                raise ShapeError(f"--shape {inp.name}: rank {len(shape)} given, the model's input "
+                                 f"has rank {len(inp.shape)} ({inp.shape_str()})")
+            for i, (given, declared) in enumerate(zip(shape, inp.shape or shape)):
+                if isinstance(declared, int) and declared != given:
+                    raise ShapeError(f"--shape {inp.name}: dimension {i} is fixed to {declared} "
+                                     f"by the model, {given} given")
+            out.append(TensorInfo(inp.name, tuple(shape), inp.dtype))
+            continue
+        if inp.shape is None:
+            raise ShapeError(f"input '{inp.name}' has unknown rank; pass --shape "
+                             f"{inp.name}=DIMxDIMx...")
+        unknown = [i for i, d in enumerate(inp.shape) if d is None]
+        if unknown:
+            example = "x".join("N" if d is None else str(d) for d in inp.shape)
+            raise ShapeError(f"input '{inp.name}' dimension {unknown[0]} is dynamic and unnamed, so "
+                             f"it cannot stay symbolic; pass --shape {inp.name}={example} "
+                             "with N a number")
+        out.append(inp)
+    return out

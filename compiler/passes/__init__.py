@@ -1,0 +1,1 @@
+"""tvmopt's own IR passes used by the pipeline phases."""

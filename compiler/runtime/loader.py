@@ -1,0 +1,172 @@
+"""Loading an artifact and running it: input checks, the Relax VM, outputs as numpy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .artifact import Artifact, read_artifact
+from ..errors import ArtifactError, ShapeError
+from ..frontend.narrow_types import by_name, contiguous, from_carrier, np_dtype, to_carrier
+from ..frontend.onnx_model import TensorInfo
+from ..targets.registry import check_host_can_run
+
+
+def check_inputs(expected: list[TensorInfo], given: dict[str, np.ndarray]) -> dict[str, int]:
+    """Check names, dtypes, ranks and dims of `given` against the signature.
+
+    Returns:
+        The value bound to each symbolic dimension name.
+
+    Raises:
+        ShapeError: naming the input and what differs.
+    """
+    names = [e.name for e in expected]
+    missing = [n for n in names if n not in given]
+    if missing:
+        raise ShapeError(f"missing input(s) {', '.join(missing)} (expected: {', '.join(names)})")
+    extra = sorted(set(given) - set(names))
+    if extra:
+        raise ShapeError(f"unexpected input(s) {', '.join(extra)} (expected: {', '.join(names)})")
+    bound: dict[str, int] = {}
+    for e in expected:
+        arr = given[e.name]
+        if str(arr.dtype) != e.dtype:
+            raise ShapeError(f"input '{e.name}': dtype {arr.dtype}, expected {e.dtype}")
+        if e.shape is None:
+            continue
+        if arr.ndim != len(e.shape):
+            raise ShapeError(f"input '{e.name}': shape {'x'.join(map(str, arr.shape)) or 'scalar'} "
+                             f"has rank {arr.ndim}, expected rank {len(e.shape)} ({e.shape_str()})")
+        for i, (got, want) in enumerate(zip(arr.shape, e.shape)):
+            if isinstance(want, int) and got != want:
+                raise ShapeError(f"input '{e.name}': dimension {i} is {got}, expected {want} "
+                                 f"(shape {e.shape_str()})")
+            if isinstance(want, str):
+                if bound.setdefault(want, got) != got:
+                    raise ShapeError(f"input '{e.name}': dimension {i} ('{want}') is {got}, but "
+                                     f"'{want}' is {bound[want]} in another input")
+    return bound
+
+
+def _device_for(manifest: dict):
+    import tvm
+
+    kind = manifest["target"]["device"]
+    return tvm.cpu(0) if kind == "cpu" else tvm.device(kind, 0)
+
+
+@dataclass
+class LoadedModel:
+    """A loaded artifact, ready to run."""
+
+    artifact: Artifact
+    vm: object
+    device: object
+
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        return self.artifact.inputs
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        return self.artifact.outputs
+
+    def to_device(self, feeds: dict[str, np.ndarray]) -> list:
+        import tvm
+
+        # 8/4/2-bit inputs (ml_dtypes arrays) enter as their int8/uint8 carriers
+        return [tvm.runtime.tensor(contiguous(to_carrier(feeds[i.name])), self.device)
+                for i in self.inputs]
+
+    def run_device(self, args: list):
+        """Run on inputs already on the device; returns the raw VM result."""
+        return self.vm["main"](*args)
+
+    def run(self, feeds: dict[str, np.ndarray], check: bool = True) -> dict[str, np.ndarray]:
+        """Run once on numpy inputs; returns outputs by name."""
+        if check:
+            check_inputs(self.inputs, feeds)
+        result = self.run_device(self.to_device(feeds))
+        return {o.name: from_carrier(arr, o.dtype)
+                for o, arr in zip(self.outputs, flatten_result(result))}
+
+
+def flatten_result(result) -> list[np.ndarray]:
+    """The VM's result (a tensor or nested tuples of them) as a flat list of numpy arrays."""
+    if hasattr(result, "numpy"):
+        return [result.numpy()]
+    out = []
+    for item in result:
+        out.extend(flatten_result(item))
+    return out
+
+
+def _load_required_libraries(art) -> None:
+    """Register the packed functions the artifact calls (the Relax VM looks them up by name)."""
+    needs = (art.manifest.get("kernels") or {}).get("requires") or []
+    if "onednn" in needs:
+        from ..kernels import onednn
+
+        try:
+            onednn.load_extension()
+        except Exception as err:  # noqa: BLE001 - a missing library is the user's to fix
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ArtifactError(f"{art.path}: built with oneDNN kernels (--dispatch), but the "
+                                f"oneDNN extension cannot be loaded here: {reason}; rebuild with "
+                                "--dispatch codegen") from None
+
+
+def load(path, check_host: bool = True) -> LoadedModel:
+    """Read, verify and load an artifact.
+
+    Raises:
+        ArtifactError: bad manifest or hashes, or the library does not load.
+        TargetError: this host cannot run the artifact's target.
+    """
+    import tvm
+    from tvm import relax
+
+    art = read_artifact(path)
+    t = art.manifest["target"]
+    if check_host:
+        check_host_can_run(t["device"], t["arch"], t.get("features", []))
+    _load_required_libraries(art)
+    try:
+        lib = tvm.runtime.load_module(str(art.library))
+    except Exception as err:
+        raise ArtifactError(f"{art.library}: cannot load the compiled library: "
+                            f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}") from None
+    dev = _device_for(art.manifest)
+    return LoadedModel(art, relax.VirtualMachine(lib, dev), dev)
+
+
+def random_inputs(inputs: list[TensorInfo], dims: dict[str, int] | None = None,
+                  seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs matching a signature; symbolic dims take `dims[name]` (default 1).
+
+    Integer inputs (token ids, indices) are drawn small and non-negative so they stay in range
+    for embedding tables; boolean inputs are drawn uniformly.
+    """
+    rng = np.random.default_rng(seed)
+    dims = dims or {}
+    out = {}
+    for i in inputs:
+        shape = tuple(d if isinstance(d, int) else dims.get(d, 1) for d in (i.shape or ()))
+        dt = np_dtype(i.dtype)  # 'int4' is ml_dtypes' int4 (numpy reads it as int32)
+        narrow = by_name(i.dtype)
+        if narrow is not None and not narrow.is_float:
+            lo, hi = narrow.int_range
+            out[i.name] = rng.integers(lo, hi + 1, shape).astype(dt)
+        elif narrow is not None:
+            out[i.name] = rng.standard_normal(shape).astype(np.float32).astype(dt)
+        elif dt == bool:
+            out[i.name] = rng.integers(0, 2, shape).astype(bool)
+        elif np.issubdtype(dt, np.integer):
+            # an all-zero attention-mask row makes softmax NaN in every runtime: keep masks on
+            out[i.name] = (np.ones(shape, dt) if "mask" in i.name.lower()
+                           else rng.integers(0, 10, shape).astype(dt))
+        else:
+            out[i.name] = rng.standard_normal(shape).astype(dt)
+    return out

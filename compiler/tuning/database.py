@@ -1,0 +1,233 @@
+"""The database folder: MetaSchedule's two JSON files plus tvmopt's manifest, sanitized on
+load, locked while tuned, checked against the target, pruned for committing.
+
+    DIR/database_workload.json        one workload (fused PrimFunc) per line
+    DIR/database_tuning_record.json   one measured schedule per line, appended as measured
+    DIR/tvmopt-db.json                target (name + TVM target), TVM version, model sha256,
+                                      input shapes, trials
+    DIR/.lock                         fcntl lock held by a running `tvmopt tune`
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import TargetError, TuningError
+
+WORKLOAD_FILE = "database_workload.json"
+RECORD_FILE = "database_tuning_record.json"
+MANIFEST_FILE = "tvmopt-db.json"
+LOCK_FILE = ".lock"
+# A failed measurement is stored with this run time by MetaSchedule.
+_FAILED_SECS = 1e9
+
+
+@dataclass
+class SanitizeReport:
+    """What loading a database folder had to drop."""
+
+    workloads: int = 0
+    records: int = 0
+    bad_workload_lines: int = 0
+    bad_record_lines: int = 0
+
+    @property
+    def dropped(self) -> int:
+        return self.bad_workload_lines + self.bad_record_lines
+
+
+def _read_lines(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    return path.read_text(errors="replace").splitlines()
+
+
+def sanitize_files(src: Path, dst: Path) -> SanitizeReport:
+    """Copy a database's two files from `src` to `dst` keeping only lines that load.
+
+    Each workload line must deserialize to a Workload and each record line to a TuningRecord
+    of a kept workload; anything else (a line cut by a kill, hand edits, a newer format) is
+    dropped and counted. Workload indices in records are renumbered to the kept lines.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    rep = SanitizeReport()
+    index_map: dict[int, int] = {}
+    workloads: list = []
+    kept_wl: list[str] = []
+    for i, line in enumerate(_read_lines(src / WORKLOAD_FILE)):
+        if not line.strip():
+            continue
+        try:
+            wl = ms.database.Workload.from_json(json.loads(line))
+        except Exception:
+            rep.bad_workload_lines += 1
+            continue
+        index_map[i] = len(kept_wl)
+        kept_wl.append(line)
+        workloads.append(wl)
+    kept_rec: list[str] = []
+    for line in _read_lines(src / RECORD_FILE):
+        if not line.strip():
+            continue
+        try:
+            idx, rec = json.loads(line)
+            new_idx = index_map[int(idx)]
+            ms.database.TuningRecord.from_json(rec, workloads[new_idx])
+        except Exception:
+            rep.bad_record_lines += 1
+            continue
+        kept_rec.append(json.dumps([new_idx, rec]))
+    dst.mkdir(parents=True, exist_ok=True)
+    _atomic_write(dst / WORKLOAD_FILE, "".join(ln + "\n" for ln in kept_wl))
+    _atomic_write(dst / RECORD_FILE, "".join(ln + "\n" for ln in kept_rec))
+    rep.workloads, rep.records = len(kept_wl), len(kept_rec)
+    return rep
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def open_json_database(folder: Path):
+    """MetaSchedule's JSONDatabase over `folder` (the files must already be sanitized)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.database.JSONDatabase(path_workload=str(folder / WORKLOAD_FILE),
+                                    path_tuning_record=str(folder / RECORD_FILE),
+                                    allow_missing=True)
+
+
+def database_sha256(folder: Path) -> str:
+    """One hash over the workload and record files (what a compile replayed)."""
+    h = hashlib.sha256()
+    for name in (WORKLOAD_FILE, RECORD_FILE):
+        p = Path(folder) / name
+        h.update(name.encode())
+        h.update(p.read_bytes() if p.exists() else b"")
+    return h.hexdigest()
+
+
+def read_manifest(folder: Path) -> dict | None:
+    p = Path(folder) / MANIFEST_FILE
+    if not p.exists():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise TuningError(f"{p}: unreadable database manifest ({err})") from None
+
+
+def db_weight_prepack(folder: str | Path) -> bool:
+    """Whether the database in `folder` was tuned with CPU weight prepack (its manifest says)."""
+    return bool((read_manifest(Path(folder)) or {}).get("weight_prepack"))
+
+
+def check_target(folder: Path, manifest: dict | None, hw) -> None:
+    """Refuse a database tuned for another target (MetaSchedule would not notice).
+
+    Raises:
+        TargetError: the manifest names another target, or the same name with another TVM target.
+    """
+    if manifest is None:
+        return
+    tgt = manifest.get("target", {})
+    if tgt.get("name") != hw.name or tgt.get("tvm_dict", hw.tvm) != _json_roundtrip(hw.tvm):
+        raise TargetError(
+            f"database {folder} was tuned for target '{tgt.get('name')}' "
+            f"({tgt.get('tvm_dict')}), not '{hw.name}' ({hw.tvm})",
+            hint="tune for this target with `tvmopt tune MODEL --target "
+                 f"{hw.name} --db NEW_DIR`")
+
+
+def _json_roundtrip(obj):
+    return json.loads(json.dumps(obj))
+
+
+@contextlib.contextmanager
+def locked(folder: Path):
+    """Hold an exclusive fcntl lock on `folder` for one tuning run.
+
+    Raises:
+        TuningError: another process holds the lock.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            raise TuningError(f"database {folder} is being tuned by another process "
+                              f"(pid {holder}); wait for it or use another --db") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _valid_secs(rec) -> float | None:
+    if rec.run_secs is None or len(rec.run_secs) == 0:
+        return None
+    secs = [float(s) for s in rec.run_secs]
+    mean = sum(secs) / len(secs)
+    return None if mean >= _FAILED_SECS else mean
+
+
+def prune(folder: Path, top_k: int = 1) -> tuple[int, int]:
+    """Keep only the best `top_k` valid records per workload (for committing a database).
+
+    Returns:
+        (records before, records after)
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    folder = Path(folder)
+    with locked(folder):
+        sanitize_files(folder, folder)
+        db = open_json_database(folder)
+        before = len(db.get_all_tuning_records())
+        with tempfile.TemporaryDirectory() as tmp:
+            new = open_json_database(Path(tmp))
+            by_wl: dict[int, list] = {}
+            for rec in db.get_all_tuning_records():
+                by_wl.setdefault(_workload_hash(rec.workload), []).append(rec)
+            for recs in by_wl.values():
+                valid = sorted((r for r in recs if _valid_secs(r) is not None), key=_valid_secs)
+                new_wl = new.commit_workload(recs[0].workload.mod)
+                for rec in valid[:top_k]:
+                    new.commit_tuning_record(ms.database.TuningRecord(
+                        rec.trace, new_wl, rec.run_secs, rec.target, rec.args_info))
+            after = len(new.get_all_tuning_records())
+            for name in (WORKLOAD_FILE, RECORD_FILE):
+                os.replace(Path(tmp) / name, folder / name)
+        m = read_manifest(folder)
+        if m is not None:
+            m["pruned_top_k"] = top_k
+            m["records_kept"] = after
+            _atomic_write(folder / MANIFEST_FILE, json.dumps(m, indent=2) + "\n")
+    return before, after
+
+
+def _workload_hash(workload) -> int:
+    import tvm_ffi
+
+    return tvm_ffi.structural_hash(workload.mod)
+
+
+def bundled_db_dir(model_name: str, target_name: str) -> Path:
+    """Where the committed database of a bundled model lives."""
+    from .._data import data_dir
+
+    return data_dir("schedules") / model_name / target_name

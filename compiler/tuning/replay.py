@@ -1,0 +1,99 @@
+"""Replaying a database at compile time (`compile --db`): opened read-only, matched against
+the fused module the compile's "database" phase will see."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import TuningError
+from .database import (RECORD_FILE, SanitizeReport, _valid_secs, check_target, database_sha256,
+                       open_json_database, read_manifest, sanitize_files)
+from .tasks import extract_tasks
+
+
+@dataclass
+class Replay:
+    """A database opened for compile, and which tasks it serves."""
+
+    db: object
+    folder: Path
+    sha256: str
+    hits: list[str]
+    misses: list[str]
+    sanitized: SanitizeReport
+    manifest: dict | None
+
+    @property
+    def weight_prepack(self) -> bool:
+        return bool((self.manifest or {}).get("weight_prepack"))
+
+    @property
+    def hit_rate(self) -> float:
+        total = len(self.hits) + len(self.misses)
+        return len(self.hits) / total if total else 1.0
+
+    def to_json(self) -> dict:
+        return {"database": str(self.folder), "sha256": self.sha256,
+                "tasks": len(self.hits) + len(self.misses), "hits": len(self.hits),
+                "hit_rate": round(self.hit_rate, 4), "misses": self.misses,
+                "skipped_lines": self.sanitized.dropped,
+                "weight_prepack": self.weight_prepack,
+                "db_trials": (self.manifest or {}).get("trials"),
+                "db_shapes": (self.manifest or {}).get("shapes")}
+
+
+def open_for_replay(folder: str | Path, hw, fused_mod) -> Replay:
+    """Open a database read-only (sanitized into memory) and match it to the fused module.
+
+    Raises:
+        TuningError: the folder does not exist or holds no database.
+        TargetError: the database was tuned for another target.
+    """
+    folder = Path(folder)
+    if not (folder / RECORD_FILE).exists():
+        raise TuningError(f"{folder}: no tuning database here (expected {RECORD_FILE})",
+                          hint="create one with `tvmopt tune MODEL --db DIR`")
+    manifest = read_manifest(folder)
+    check_target(folder, manifest, hw)
+    target = hw.to_tvm()
+    with tempfile.TemporaryDirectory() as tmp:
+        rep = sanitize_files(folder, Path(tmp))
+        # Copy into memory so the temp files can go and a read-only DB folder is never written.
+        src = open_json_database(Path(tmp))
+        from tvm.s_tir import meta_schedule as ms
+
+        db = ms.database.MemoryDatabase()
+        for rec in src.get_all_tuning_records():
+            if _valid_secs(rec) is None:
+                continue  # a failed measurement is no schedule to replay
+            wl = db.commit_workload(rec.workload.mod)
+            db.commit_tuning_record(ms.database.TuningRecord(
+                rec.trace, wl, rec.run_secs, rec.target, rec.args_info))
+    hits, misses = [], []
+    for task in extract_tasks(fused_mod, target):
+        rec = db.query_tuning_record(task.mod, target, task.name)
+        (hits if rec is not None else misses).append(task.name)
+    return Replay(db, folder, database_sha256(folder), hits, misses, rep, manifest)
+
+
+def replay_database(folder: str | Path, hw, fused_mod, require: bool = False) -> Replay:
+    """Open `folder` for `compile --db` and match it against the compile's fused module.
+
+    Args:
+        fused_mod: the module after the pipeline's front half, built with the database's
+            weight_prepack setting (`database.db_weight_prepack`) and the compile's precision
+            passes (they shape the fused functions).
+
+    Raises:
+        TuningError: with `require`, any task the database does not serve (named).
+    """
+    replay = open_for_replay(folder, hw, fused_mod)
+    if require and replay.misses:
+        raise TuningError(
+            f"--require-db: database {replay.folder} has no schedule for "
+            f"{len(replay.misses)} of {len(replay.hits) + len(replay.misses)} tasks: "
+            f"{', '.join(replay.misses)}",
+            hint="tune them with `tvmopt tune MODEL --db DIR` using the same --shape")
+    return replay

@@ -1,0 +1,310 @@
+"""Every ONNX model the tests build (nothing is downloaded): graph helpers, the model
+families tvmopt must handle, tiny tuning workloads, quantized variants and one-node graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+# ------------------------------------------------------------------------ graph helpers
+OPSET = 17
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=OPSET, name="g"):
+    graph = helper.make_graph(nodes, name, inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="tvmopt-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def const(name, arr):
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
+def rand(*shape, seed=0, scale=0.1):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def vi(name, shape, dtype=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+# ------------------------------------------------------------------------ one-node graphs
+def node_model(node, feeds: dict, consts: dict, outputs: list[str], opset: int = 21,
+               out_type: int = TensorProto.UNDEFINED):
+    """A one-node model: `feeds` are graph inputs, `consts` initializers (IR version 10)."""
+    inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+              for k, v in feeds.items()]
+    inits = [numpy_helper.from_array(v, k) for k, v in consts.items()]
+    outs = [helper.make_tensor_value_info(o, out_type, None) for o in outputs]
+    graph = helper.make_graph([node], "g", inputs, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    return model
+
+
+def single_output_model(node, feeds: dict, consts: dict, out_dtype=TensorProto.FLOAT, opset=19,
+                        input_shapes=None):
+    """A one-node model with its first output typed `out_dtype`; `input_shapes` may name dims."""
+    inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype),
+                                            (input_shapes or {}).get(k, v.shape))
+              for k, v in feeds.items()]
+    inits = [numpy_helper.from_array(v, k) for k, v in consts.items()]
+    out = helper.make_tensor_value_info(node.output[0], out_dtype, None)
+    graph = helper.make_graph([node], "g", inputs, [out], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def graph_model(nodes, feeds: dict, outputs, consts=None, opset=19):
+    """A model of `nodes` (one or a list) with untyped outputs."""
+    nodes = nodes if isinstance(nodes, list) else [nodes]
+    inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+              for k, v in feeds.items()]
+    inits = [numpy_helper.from_array(v, k) for k, v in (consts or {}).items()]
+    outs = [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None) for name in outputs]
+    graph = helper.make_graph(nodes, "g", inputs, outs, initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+# ------------------------------------------------------------------------ model families
+def mlp(batch="batch"):
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h1"], transB=1),
+        helper.make_node("Relu", ["h1"], ["a1"]),
+        helper.make_node("MatMul", ["a1", "w2"], ["h2"]),
+        helper.make_node("Add", ["h2", "b2"], ["h3"]),
+        helper.make_node("Sigmoid", ["h3"], ["y"]),
+    ]
+    inits = [const("w1", rand(64, 32, seed=1)), const("b1", rand(64, seed=2)),
+             const("w2", rand(64, 10, seed=3)), const("b2", rand(10, seed=4))]
+    return make_model(nodes, [vi("x", [batch, 32])], [vi("y", [batch, 10])], inits)
+
+
+def _bn(prefix, c, seed):
+    rng = np.random.default_rng(seed)
+    return [const(f"{prefix}_s", rng.uniform(0.5, 1.5, c).astype(np.float32)),
+            const(f"{prefix}_b", rng.uniform(-0.2, 0.2, c).astype(np.float32)),
+            const(f"{prefix}_m", rng.uniform(-0.2, 0.2, c).astype(np.float32)),
+            const(f"{prefix}_v", rng.uniform(0.5, 1.5, c).astype(np.float32))]
+
+
+def _bn_node(prefix, x, y):
+    return helper.make_node("BatchNormalization",
+                            [x, f"{prefix}_s", f"{prefix}_b", f"{prefix}_m", f"{prefix}_v"], [y])
+
+
+def cnn(batch=1, size=32):
+    """Conv -> BatchNorm -> Relu -> MaxPool, twice, then GlobalAveragePool -> Flatten -> Gemm."""
+    nodes = [
+        helper.make_node("Conv", ["x", "c1w"], ["c1"], pads=[1, 1, 1, 1], strides=[1, 1]),
+        _bn_node("bn1", "c1", "n1"), helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "c2w", "c2b"], ["c2"], pads=[1, 1, 1, 1]),
+        _bn_node("bn2", "c2", "n2"), helper.make_node("Relu", ["n2"], ["r2"]),
+        helper.make_node("AveragePool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["p2"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fw", "fb"], ["y"], transB=1),
+    ]
+    inits = [const("c1w", rand(8, 3, 3, 3, seed=1, scale=0.3)), *_bn("bn1", 8, 2),
+             const("c2w", rand(16, 8, 3, 3, seed=3, scale=0.2)), const("c2b", rand(16, seed=4)),
+             *_bn("bn2", 16, 5), const("fw", rand(10, 16, seed=6)), const("fb", rand(10, seed=7))]
+    return make_model(nodes, [vi("x", [batch, 3, size, size])], [vi("y", [batch, 10])], inits)
+
+
+def depthwise_cnn(batch="N", size=32):
+    """MobileNet-style: conv stem, depthwise 3x3 (group=C) + pointwise 1x1, Clip (ReLU6), pool."""
+    nodes = [
+        helper.make_node("Conv", ["x", "sw"], ["s"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Clip", ["s", "lo", "hi"], ["s6"]),
+        helper.make_node("Conv", ["s6", "dw"], ["d"], pads=[1, 1, 1, 1], group=16),
+        _bn_node("bnd", "d", "dn"), helper.make_node("Clip", ["dn", "lo", "hi"], ["d6"]),
+        helper.make_node("Conv", ["d6", "pw", "pb"], ["p"]),
+        helper.make_node("Clip", ["p", "lo", "hi"], ["p6"]),
+        helper.make_node("Conv", ["p6", "dw2"], ["d2"], pads=[1, 1, 1, 1], group=32, strides=[2, 2]),
+        helper.make_node("Relu", ["d2"], ["r"]),
+        helper.make_node("ReduceMean", ["r"], ["m"], axes=[2, 3], keepdims=0),
+        helper.make_node("MatMul", ["m", "fw"], ["y"]),
+    ]
+    inits = [const("sw", rand(16, 3, 3, 3, seed=1, scale=0.3)), const("lo", np.float32(0)),
+             const("hi", np.float32(6)), const("dw", rand(16, 1, 3, 3, seed=2, scale=0.5)),
+             *_bn("bnd", 16, 3), const("pw", rand(32, 16, 1, 1, seed=4, scale=0.3)),
+             const("pb", rand(32, seed=5)), const("dw2", rand(32, 1, 3, 3, seed=6, scale=0.5)),
+             const("fw", rand(32, 10, seed=7))]
+    return make_model(nodes, [vi("x", [batch, 3, size, size])], [vi("y", [batch, 10])], inits)
+
+
+def encoder_block(seq=16, d=32, heads=4):
+    """One transformer encoder block: multi-head attention (Q/K/V, scaled softmax), residual,
+    LayerNormalization, feed-forward with exact GELU (Erf form), residual, LayerNormalization."""
+    hd = d // heads
+    n = []
+    for p in ("q", "k", "v"):
+        n.append(helper.make_node("MatMul", ["x", f"w{p}"], [f"{p}0"]))
+        n.append(helper.make_node("Add", [f"{p}0", f"b{p}"], [f"{p}1"]))
+        n.append(helper.make_node("Reshape", [f"{p}1", "heads_shape"], [f"{p}2"]))
+        perm = [0, 2, 3, 1] if p == "k" else [0, 2, 1, 3]
+        n.append(helper.make_node("Transpose", [f"{p}2"], [f"{p}h"], perm=perm))
+    n += [
+        helper.make_node("MatMul", ["qh", "kh"], ["s0"]),
+        helper.make_node("Div", ["s0", "scale"], ["s1"]),
+        helper.make_node("Add", ["s1", "mask"], ["s2"]),
+        helper.make_node("Softmax", ["s2"], ["pr"], axis=-1),
+        helper.make_node("MatMul", ["pr", "vh"], ["ctx"]),
+        helper.make_node("Transpose", ["ctx"], ["ctxt"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ctxt", "model_shape"], ["att"]),
+        helper.make_node("MatMul", ["att", "wo"], ["o0"]),
+        helper.make_node("Add", ["o0", "x"], ["res1"]),
+        helper.make_node("LayerNormalization", ["res1", "g1", "be1"], ["ln1"], axis=-1, epsilon=1e-5),
+        helper.make_node("MatMul", ["ln1", "wf1"], ["f0"]),
+        helper.make_node("Add", ["f0", "bf1"], ["f1"]),
+        # exact GELU: 0.5 * x * (1 + erf(x / sqrt(2)))
+        helper.make_node("Div", ["f1", "sqrt2"], ["g0"]),
+        helper.make_node("Erf", ["g0"], ["erf"]),
+        helper.make_node("Add", ["erf", "one"], ["g2"]),
+        helper.make_node("Mul", ["f1", "g2"], ["g3"]),
+        helper.make_node("Mul", ["g3", "half"], ["gelu"]),
+        helper.make_node("MatMul", ["gelu", "wf2"], ["f2"]),
+        helper.make_node("Add", ["f2", "ln1"], ["res2"]),
+        helper.make_node("LayerNormalization", ["res2", "g2w", "be2"], ["y"], axis=-1, epsilon=1e-5),
+    ]
+    mask = np.triu(np.full((seq, seq), -1e4, np.float32), 1)
+    inits = [const("wq", rand(d, d, seed=1)), const("bq", rand(d, seed=2)),
+             const("wk", rand(d, d, seed=3)), const("bk", rand(d, seed=4)),
+             const("wv", rand(d, d, seed=5)), const("bv", rand(d, seed=6)),
+             const("heads_shape", np.array([1, seq, heads, hd], np.int64)),
+             const("model_shape", np.array([1, seq, d], np.int64)),
+             const("scale", np.float32(np.sqrt(hd))), const("mask", mask),
+             const("wo", rand(d, d, seed=7)), const("g1", np.ones(d, np.float32)),
+             const("be1", np.zeros(d, np.float32)), const("wf1", rand(d, 4 * d, seed=8)),
+             const("bf1", rand(4 * d, seed=9)), const("sqrt2", np.float32(np.sqrt(2))),
+             const("one", np.float32(1)), const("half", np.float32(0.5)),
+             const("wf2", rand(4 * d, d, seed=10)), const("g2w", rand(d, seed=11, scale=1.0)),
+             const("be2", rand(d, seed=12))]
+    return make_model(n, [vi("x", [1, seq, d])], [vi("y", [1, seq, d])], inits)
+
+
+def shape_ops(batch=2):
+    """Gather / Reshape / Concat / Slice / Transpose / Unsqueeze on an embedding lookup."""
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0),          # [B, 8, 16]
+        helper.make_node("Transpose", ["emb"], ["t"], perm=[0, 2, 1]),         # [B, 16, 8]
+        helper.make_node("Slice", ["t", "starts", "ends", "axes", "steps"], ["s"]),  # [B, 16, 4]
+        helper.make_node("Reshape", ["s", "shape"], ["r"]),                     # [B, 64]
+        helper.make_node("Gather", ["r", "cols"], ["gc"], axis=1),              # [B, 3]
+        helper.make_node("Concat", ["r", "gc"], ["c"], axis=1),                 # [B, 67]
+        helper.make_node("Unsqueeze", ["c", "ax0"], ["y"]),                     # [1, B, 67]
+    ]
+    inits = [const("table", rand(50, 16, seed=1, scale=1.0)),
+             const("starts", np.array([1], np.int64)), const("ends", np.array([8], np.int64)),
+             const("axes", np.array([2], np.int64)), const("steps", np.array([2], np.int64)),
+             const("shape", np.array([0, -1], np.int64)), const("cols", np.array([0, 5, 63], np.int64)),
+             const("ax0", np.array([0], np.int64))]
+    return make_model(nodes, [vi("ids", [batch, 8], TensorProto.INT64)],
+                      [vi("y", [1, batch, 67])], inits)
+
+
+FAMILIES = {"mlp": mlp, "cnn": cnn, "depthwise_cnn": depthwise_cnn,
+            "encoder_block": encoder_block, "shape_ops": shape_ops}
+
+
+# ------------------------------------------------------------------------ tuning workloads (files)
+def tiny_mlp(path, batch="batch", features=32, hidden=32, classes=8, seed=0) -> str:
+    """x[batch, features] -> MatMul/Add/Relu -> MatMul/Add; two tuning tasks after fusion."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype("float32") * 0.1, n)
+             for n, s in [("w1", (features, hidden)), ("b1", (hidden,)),
+                          ("w2", (hidden, classes)), ("b2", (classes,))]]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h0"]),
+             helper.make_node("Add", ["h0", "b1"], ["h1"]),
+             helper.make_node("Relu", ["h1"], ["h2"]),
+             helper.make_node("MatMul", ["h2", "w2"], ["y0"]),
+             helper.make_node("Add", ["y0", "b2"], ["y"])]
+    graph = helper.make_graph(nodes, "tiny_mlp",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, features])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, classes])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def tiny_conv(path, channels=32, size=28, seed=0) -> str:
+    """x[1, 16, size, size] -> Conv3x3+Relu -> Conv1x1: two conv tasks with real weights."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype("float32") * 0.1, n)
+             for n, s in [("w1", (channels, 16, 3, 3)), ("b1", (channels,)),
+                          ("w2", (channels, channels, 1, 1))]]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["h0"], ["h1"]),
+             helper.make_node("Conv", ["h1", "w2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "tiny_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, size, size])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return str(path)
+
+
+# ------------------------------------------------------------------------ MLP files, quantized
+def mlp_file(path, din=64, hid=128, dout=16, batch="batch", seed=0) -> str:
+    """x[batch, din] -> MatMul -> Add -> Relu -> MatMul -> Add."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal((din, hid)) * 0.1).astype(np.float32), "W1"),
+             numpy_helper.from_array((rng.standard_normal(hid) * 0.1).astype(np.float32), "b1"),
+             numpy_helper.from_array((rng.standard_normal((hid, dout)) * 0.1).astype(np.float32), "W2"),
+             numpy_helper.from_array((rng.standard_normal(dout) * 0.1).astype(np.float32), "b2")]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h0"]), helper.make_node("Add", ["h0", "b1"], ["h1"]),
+             helper.make_node("Relu", ["h1"], ["h2"]), helper.make_node("MatMul", ["h2", "W2"], ["h3"]),
+             helper.make_node("Add", ["h3", "b2"], ["y"])]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, din])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, dout])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return str(path)
+
+
+def quantized_mlp(tmp_path) -> str:
+    """onnxruntime.quantization.quantize_dynamic of `mlp` (DynamicQuantizeLinear + MatMulInteger)."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    src = mlp_file(tmp_path / "mlp.onnx")
+    out = str(tmp_path / "mlp_int8.onnx")
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_dynamic(src, out, weight_type=QuantType.QInt8)
+    return out
+
+
+def qdq_mlp(tmp_path) -> str:
+    """onnxruntime.quantization.quantize_static of `mlp` in QDQ format (int8, seeded calibration)."""
+    import logging
+
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(1)
+            self.it = iter([{"x": rng.standard_normal((4, 64)).astype(np.float32)}
+                            for _ in range(8)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    src = mlp_file(tmp_path / "mlp4.onnx", batch=4)
+    out = str(tmp_path / "mlp_qdq.onnx")
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_static(src, out, Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    return out

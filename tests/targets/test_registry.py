@@ -1,0 +1,60 @@
+"""The hardware database: every target loads, is sourced, and bad files are refused."""
+
+import pytest
+
+from tvmopt.errors import TargetError
+from tvmopt.targets.registry import get_target, load_targets, parse_target_file
+
+EXPECTED = {"a100", "h100", "h200", "x86-avx2", "x86-avx512", "arm-cortex-a76", "arm-cortex-a55",
+            "arm-cortex-a72"}
+
+
+def test_all_targets_present_with_aliases():
+    assert EXPECTED <= set(load_targets())
+    assert get_target("cuda").name == "a100"
+    assert get_target("x86").name == "x86-avx2"
+    assert get_target("arm").name == "arm-cortex-a76"
+    assert get_target("h100").tvm["arch"] == get_target("h200").tvm["arch"] == "sm_90"
+    assert get_target("a100").tvm["arch"] == "sm_80"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_number_is_sourced_and_roofline_ready(name):
+    t = get_target(name)
+    for table in (t.peak_gflops, t.memory, t.compute):
+        for key, v in table.items():
+            assert v.value > 0 and len(v.source) > 10 and v.unit, f"{name}: {key}"
+    assert t.peak_gflops_total("fp32") and t.bandwidth_gbs()
+    assert "fp32" in t.instructions
+
+
+def test_fast_instructions_follow_the_isa():
+    assert get_target("x86").fast_instructions("int8") == ()
+    assert get_target("x86-avx512").fast_instructions("int8") == ("vpdpbusd",)
+    assert "sdot" in get_target("arm").fast_instructions("int8")
+    assert get_target("arm-cortex-a72").fast_instructions("int8") == ()
+    assert get_target("h200").peak_gflops_total("fp8") > get_target("h200").peak_gflops_total("fp16")
+
+
+def test_cpu_peaks_scale_with_reference_cores():
+    t = get_target("arm")
+    assert t.peak_gflops_total("fp32") == pytest.approx(t.peak_gflops["fp32"].value * 4)
+
+
+def test_every_target_makes_a_tvm_target():
+    for t in load_targets().values():
+        assert t.to_tvm().kind.name == t.tvm["kind"]
+
+
+def test_unknown_keys_rejected(tmp_path):
+    p = tmp_path / "bad.toml"
+    base = 'name = "bad"\ndescription = "x"\ndevice = "cpu"\narch = "x86_64"\n[tvm]\nkind = "llvm"\n'
+    p.write_text(base + "[peak_gflops]\nfp33 = { value = 1, source = \"s\" }\n")
+    with pytest.raises(TargetError, match="fp33"):
+        parse_target_file(p)
+    p.write_text(base + "[precision]\nauto_order = [\"fp12\"]\n")
+    with pytest.raises(TargetError, match="fp12"):
+        parse_target_file(p)
+    p.write_text("colour = 1\n" + base)
+    with pytest.raises(TargetError, match="colour"):
+        parse_target_file(p)

@@ -1,0 +1,46 @@
+"""RPC: a tracker and two servers on loopback, a tiny workload tuned through them."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from tests.models import tiny_mlp
+
+from tvmopt import errors
+from tvmopt.tuning import database, measure, rpc, tune
+
+
+@pytest.fixture
+def farm():
+    """Tracker + two servers on 127.0.0.1, random free ports; all terminated afterwards."""
+    procs = []
+    try:
+        tracker = rpc.start_tracker("127.0.0.1", rpc.free_port())
+        procs.append(tracker)
+        addr = f"127.0.0.1:{tracker.port}"
+        for _ in range(2):
+            procs.append(rpc.start_server(addr, "tvmopt-test", "127.0.0.1", rpc.free_port()))
+        rpc.wait_for_servers(addr, "tvmopt-test", 2, timeout_s=30)
+        yield addr
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+
+
+@pytest.mark.slow  # about a minute alone, several on busy cores
+def test_tune_through_rpc_tracker(farm, tmp_path):
+    model = tiny_mlp(tmp_path / "mlp.onnx")
+    result = tune.tune(tune.TuneOptions(
+        model=model, trials=8, db=str(tmp_path / "db"), shapes={"x": (1, 32)},
+        rpc_tracker=farm, rpc_key="tvmopt-test", trials_per_round=4, population=32))
+    assert result.trials_run == 8
+    assert result.build_failures == 0 and result.run_failures == 0
+    assert all(t.best_s is not None for t in result.tasks)
+    manifest = database.read_manifest(tmp_path / "db")
+    assert manifest["rpc"] == {"tracker": farm, "key": "tvmopt-test"}
+
+
+def test_rpc_key_is_required_with_tracker():
+    with pytest.raises(errors.TuningError, match="--rpc-key"):
+        measure.make_runner("127.0.0.1:9190", None)

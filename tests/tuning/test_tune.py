@@ -1,0 +1,225 @@
+"""Tuning: a tiny MLP tuned once per module, then replay, corrupt lines, locks, target checks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.models import tiny_mlp
+
+from tvmopt import errors
+from tvmopt.tuning import database, measure, replay, tasks, tune
+from tvmopt.cli.main import main
+from tvmopt.errors import TargetError
+from tvmopt.targets.registry import get_target
+
+SHAPE = {"x": (1, 32)}
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """(model path, db folder, TuneResult): 8 trials over the MLP's two fused tasks."""
+    root = tmp_path_factory.mktemp("tuned")
+    model = tiny_mlp(root / "mlp.onnx")
+    db = root / "db"
+    # A small population keeps the search cheap on 2 busy cores; 8 trials still find schedules.
+    result = tune.tune(tune.TuneOptions(model=model, trials=8, db=str(db), shapes=SHAPE,
+                                            trials_per_round=4, population=32))
+    return model, db, result
+
+
+def _copy_db(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".lock", "logs"))
+    return dst
+
+
+def test_tune_finds_schedules_without_build_failures(tuned):
+    _, db, result = tuned
+    assert result.trials_run == 8
+    assert result.build_failures == 0 and result.run_failures == 0
+    assert {t.name for t in result.tasks} == {"fused_matmul_add_relu", "fused_matmul1_add1"}
+    assert all(t.best_s is not None and t.trials > 0 for t in result.tasks)
+    assert result.estimate_s == pytest.approx(sum(t.weight * t.best_s for t in result.tasks))
+    manifest = json.loads((db / database.MANIFEST_FILE).read_text())
+    assert manifest["target"]["name"] == "x86-avx2"
+    assert manifest["trials"] == 8 and manifest["shapes"] == {"x": [1, 32]}
+    assert manifest["target"]["tvm"]["kind"] == "llvm"
+    assert len(manifest["model"]["sha256"]) == 64
+
+
+def test_replay_hits_every_task_and_matches_onnxruntime(tuned, tmp_path):
+    model, db, _ = tuned
+    out = tmp_path / "a.tvmopt"
+    res = CliRunner().invoke(main, ["compile", model, "--shape", "x=1x32", "--db", str(db),
+                                    "--require-db", "--verify", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "2/2 tasks served from the database, 0 fell back" in " ".join(res.output.split())
+    tun = json.loads((out / "manifest.json").read_text())["tuning"]
+    assert tun["hit_rate"] == 1.0 and tun["misses"] == [] and tun["hits"] == 2
+    assert tun["sha256"] == database.database_sha256(db)
+
+
+def test_replay_schedules_are_applied_before_dlight(tuned):
+    """The database phase marks the tuned fused functions scheduled (apache/tvm#19385)."""
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.frontend.onnx_model import load_onnx
+    from tvmopt.targets.registry import get_target
+
+    model, db, _ = tuned
+    hw = get_target("x86")
+    imported = import_onnx(load_onnx(model), SHAPE)
+    fused = pipeline.optimize(imported.mod, hw.to_tvm(), until=pipeline.FRONT_HALF)
+    rep = replay.replay_database(db, hw, fused, require=True)
+    mod = pipeline.optimize(fused, hw.to_tvm(), pipeline.PipelineConfig(database=rep.db),
+                            until="database", start_after=pipeline.FRONT_HALF)
+    scheduled = sorted(gv.name_hint for gv, f in mod.functions.items()
+                       if f.attrs is not None and f.attrs.get("tirx.is_scheduled", False))
+    assert scheduled == sorted(rep.hits)
+
+
+def test_other_shape_misses_and_require_db_names_them(tuned, tmp_path):
+    model, db, _ = tuned
+    args = ["compile", model, "--shape", "x=4x32", "--db", str(db), "-o", str(tmp_path / "b")]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "0/2 tasks served" in " ".join(res.output.split())
+    res = CliRunner().invoke(main, args + ["--require-db"])
+    assert res.exit_code == 1
+    assert "--require-db" in res.output and "fused_matmul_add_relu" in res.output
+
+
+def test_corrupt_and_truncated_lines_are_skipped_with_a_count(tuned, tmp_path):
+    model, db, _ = tuned
+    bad = _copy_db(db, tmp_path / "bad")
+    rec = bad / database.RECORD_FILE
+    lines = rec.read_text().splitlines()
+    rec.write_text("\n".join(["not json", lines[0], "[99, []]"] + lines[1:]) + "\n"
+                   + lines[-1][: len(lines[-1]) // 2])  # a line cut by a kill
+    out = tmp_path / "c.tvmopt"
+    res = CliRunner().invoke(main, ["compile", model, "--shape", "x=1x32", "--db", str(bad),
+                                    "--require-db", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "skipped 3 corrupt or truncated database lines" in " ".join(res.output.split())
+    assert json.loads((out / "manifest.json").read_text())["tuning"]["skipped_lines"] == 3
+    rep = database.sanitize_files(bad, tmp_path / "clean")
+    assert (rep.records, rep.bad_record_lines) == (len(lines), 3)
+
+
+def test_database_for_another_target_is_refused(tuned, tmp_path):
+    model, db, _ = tuned
+    other = _copy_db(db, tmp_path / "other")
+    m = json.loads((other / database.MANIFEST_FILE).read_text())
+    m["target"]["name"] = "arm64-neon"
+    m["target"]["tvm_dict"] = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
+    (other / database.MANIFEST_FILE).write_text(json.dumps(m))
+    res = CliRunner().invoke(main, ["compile", model, "--shape", "x=1x32", "--db", str(other),
+                                    "-o", str(tmp_path / "d")])
+    assert res.exit_code == 1
+    assert "tuned for target 'arm64-neon'" in res.output and "Traceback" not in res.output
+    with pytest.raises(TargetError):
+        tune.tune(tune.TuneOptions(model=model, trials=8, db=str(other), shapes=SHAPE))
+
+
+def test_locked_database_is_refused(tuned, tmp_path):
+    model, db, _ = tuned
+    copy = _copy_db(db, tmp_path / "locked")
+    with database.locked(copy):
+        with pytest.raises(errors.TuningError, match="being tuned by another process"):
+            tune.tune(tune.TuneOptions(model=model, trials=16, db=str(copy), shapes=SHAPE))
+
+
+def test_spent_budget_runs_nothing_and_reports(tuned, tmp_path):
+    model, db, _ = tuned
+    copy = _copy_db(db, tmp_path / "spent")
+    res = CliRunner().invoke(main, ["tune", model, "--shape", "x=1x32", "--db", str(copy),
+                                    "--trials", "8"])
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())
+    assert "trials: 8 before + 0 this run" in flat and "whole-model estimate" in flat
+
+
+def test_missing_only_tunes_just_the_tasks_without_a_record(tuned, tmp_path):
+    model, db, _ = tuned
+    copy = _copy_db(db, tmp_path / "partial")
+    # Drop every record of workload 1: that task is "missing", the other keeps its records.
+    rec = copy / database.RECORD_FILE
+    lines = [ln for ln in rec.read_text().splitlines() if ln.strip()]
+    kept = [ln for ln in lines if json.loads(ln)[0] != 1]
+    assert 0 < len(kept) < len(lines)
+    rec.write_text("\n".join(kept) + "\n")
+    result = tune.tune(tune.TuneOptions(model=model, trials=len(kept) + 4, db=str(copy),
+                                            shapes=SHAPE, trials_per_round=4, population=32,
+                                            missing_only=True))
+    assert len(result.tasks) == 1 and result.tasks[0].best_s is not None
+    assert result.trials_run == 4 and result.build_failures == 0
+    # Now nothing is missing: a second run tunes nothing, whatever the budget.
+    again = tune.tune(tune.TuneOptions(model=model, trials=100, db=str(copy), shapes=SHAPE,
+                                           missing_only=True))
+    assert again.trials_run == 0 and again.tasks == []
+
+
+def test_prune_keeps_best_record_per_task(tuned, tmp_path):
+    model, db, result = tuned
+    copy = _copy_db(db, tmp_path / "pruned")
+    before, after = database.prune(copy, top_k=1)
+    assert (before, after) == (8, 2)
+    hw = get_target("x86")
+    fused, _ = tune.fused_module(model, SHAPE, hw)
+    rep = replay.open_for_replay(copy, hw, fused)
+    assert rep.hit_rate == 1.0
+    pruned = tune.summarize(rep.db, tasks.extract_tasks(fused, hw.to_tvm()))
+    assert {t.name: t.best_s for t in pruned} == pytest.approx(
+        {t.name: t.best_s for t in result.tasks})
+    assert json.loads((copy / database.MANIFEST_FILE).read_text())["pruned_top_k"] == 1
+
+
+def test_host_port_and_options_are_validated():
+    assert measure.parse_host_port("127.0.0.1:9190") == ("127.0.0.1", 9190)
+    for bad in ("9190", "host:", "host:abc"):
+        with pytest.raises(errors.TuningError, match="HOST:PORT"):
+            measure.parse_host_port(bad)
+    with pytest.raises(errors.TuningError, match="--trials"):
+        tune.TuneOptions(model="m.onnx", trials=-1)
+    with pytest.raises(errors.TuningError, match="--rpc-key"):
+        tune.TuneOptions(model="m.onnx", rpc_tracker="127.0.0.1:9190")
+    with pytest.raises(errors.TuningError, match="HOST:PORT"):
+        tune.TuneOptions(model="m.onnx", rpc_tracker="localhost", rpc_key="k")
+    opts = tune.TuneOptions(model="dir/my_model.onnx", target="x86")
+    assert Path(opts.db) == Path("schedules/my_model/x86-avx2")
+
+
+def test_intrinsics_loaded_per_target_family():
+    import tvm
+
+    assert measure._target_intrinsic_modules(tvm.target.Target({"kind": "llvm"})) == ["x86"]
+    arm = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+    assert measure._target_intrinsic_modules(arm) == ["arm_cpu"]
+    assert measure._target_intrinsic_modules(tvm.target.Target({"kind": "cuda"})) == ["cuda"]
+
+
+
+def test_weight_prepack_setting_must_match_the_database(tuned, tmp_path):
+    model, db, _ = tuned
+    copy = _copy_db(db, tmp_path / "layout")
+    with pytest.raises(errors.TuningError, match="weight_prepack=False"):
+        tune.tune(tune.TuneOptions(model=model, trials=16, db=str(copy), shapes=SHAPE,
+                                       weight_prepack=True))
+
+
+def test_tuning_inputs_keep_indices_in_range():
+    """Integer buffers (gather/take indices) are zero, floats random: random indices made every
+    `take` task of tiny_bert fail its measurement and miss the database."""
+    import numpy as np
+    import tvm
+
+    from tvmopt.tuning.measure import alloc_arguments_in_range
+
+    (args,) = alloc_arguments_in_range(tvm.cpu(), [["TENSOR", "int64", [64]],
+                                                   ["TENSOR", "float32", [64]]], 1)
+    assert not np.any(args[0].numpy())
+    assert np.any(args[1].numpy())
