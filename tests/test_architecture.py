@@ -108,7 +108,3 @@ def test_library_never_imports_the_cli():
     for name, deps in GRAPH.items():
         if not name.startswith(f"{PKG}.cli"):
             assert not any(d.startswith(f"{PKG}.cli") for d in deps), name
-
-
-def test_kernels_is_an_empty_package_for_now():
-    assert [p.name for p in (PKG_DIR / "kernels").glob("*.py")] == ["__init__.py"]
