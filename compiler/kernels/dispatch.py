@@ -97,14 +97,15 @@ class TimingCache:
 
 
 def _call_sites(mod, groups) -> dict:
-    """Composite GlobalVar -> the args of its (single) call site."""
+    """Composite GlobalVar -> the args of each call site (FuseOpsByPattern shares one function
+    between identical chains, since the weights are arguments)."""
     from tvm import relax
 
     sites = {}
 
     def visit(e):
         if isinstance(e, relax.Call) and isinstance(e.op, relax.GlobalVar) and e.op in groups:
-            sites[e.op] = list(e.args)
+            sites.setdefault(e.op, []).append(list(e.args))
 
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function) and gv not in groups:
@@ -168,8 +169,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
     for gv, func in groups.items():
         by_key.setdefault(onednn.workload_key(func), []).append(gv)
     if force in ("library", "codegen"):
-        choices = [Choice(k, len(g), force, None, None, reason=f"--dispatch {force}")
-                   for k, g in by_key.items()]
+        choices = [Choice(k, sum(len(sites.get(gv, ())) for gv in g), force, None, None,
+                          reason=f"--dispatch {force}") for k, g in by_key.items()]
         keep = set(groups) if force == "library" else set()
         return keep, choices
 
@@ -188,12 +189,12 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
         rng = np.random.default_rng(0)
         for i, k in enumerate(todo):
             gv = by_key[k][0]
-            func = _kernel_function(groups[gv], sites[gv])
+            func = _kernel_function(groups[gv], sites[gv][0])
             name = f"tvmopt_kernel_{i}"
             cg_mod[name] = func.with_attr("global_symbol", name)
             params = [relax.Var(p.name, p.ty) for p in func.params]
             lib_mod[gv] = groups[gv]
-            bound = dict(zip(groups[gv].params, sites[gv]))
+            bound = dict(zip(groups[gv].params, sites[gv][0]))
             call_args, it = [], iter(params)
             for p in groups[gv].params:
                 a = bound[p]
@@ -218,7 +219,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
         lib = lib_ms < MARGIN * cg_ms
         if lib:
             keep |= set(gvs)
-        choices.append(Choice(k, len(gvs), "library" if lib else "codegen", round(lib_ms, 4),
+        n_sites = sum(len(sites.get(gv, ())) for gv in gvs)
+        choices.append(Choice(k, n_sites, "library" if lib else "codegen", round(lib_ms, 4),
                               round(cg_ms, 4), cached,
                               "faster by timing" if lib else "codegen as fast or faster"))
     return keep, choices

@@ -133,6 +133,8 @@ def load_extension(cache_dir: str | os.PathLike | None = None, num_threads: int 
     ``num_threads`` overrides TVM_NUM_THREADS for oneDNN's OpenMP pool; None keeps the
     environment's choice (TVM_NUM_THREADS, else OpenMP's default).
     """
+    if cache_dir is None and _loaded and num_threads is None:
+        return next(iter(_loaded.values()))  # one extension per process is enough
     if cache_dir is None:
         cache_dir = os.environ.get(
             "TVMOPT_CACHE_DIR", str(Path("~/.cache/tvmopt").expanduser()))

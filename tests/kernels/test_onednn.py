@@ -1,0 +1,307 @@
+"""oneDNN dispatch: each conv2d/matmul chain becomes one packed call and matches onnxruntime,
+through the pipeline's --dispatch library path and in each layout mode of the rewrite; the
+per-kernel timing choice, its cache, artifacts that need the extension, and the fallback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+od = pytest.importorskip("tvmopt.kernels.onednn")
+RTOL = ATOL = 1e-4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension():
+    try:
+        od.load_extension()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"oneDNN extension unavailable here: {err}")
+
+
+def count_packed(mod, name):
+    return mod.script(show_meta=False).count(f'R.call_dps_packed("{name}"')
+
+
+def make_model(nodes, inputs, output, inits, opset=17):
+    g = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def run_case(name, model, inputs, expect, layout=None, nhwc=False):
+    """Through the pipeline (layout None: its NHWC/HWIO graph), or the rewrite alone in one of
+    its layout modes (activations reordered per call, pinned NCHW, NHWC/OHWI)."""
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.in_memory import host_target
+
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+    target = host_target().to_tvm()
+    mod = import_onnx(model).mod
+    if layout is None:
+        cfg = pipeline.PipelineConfig(dispatch="library")
+        mod = pipeline.optimize(mod, target, cfg, until="dispatch")
+        rest = dict(cfg=cfg, start_after="dispatch")
+    else:
+        mod = od.dispatch_onednn(pipeline.optimize(mod, target, pipeline.PipelineConfig(
+            channels_last=False), until="simplify"), conv_layout=layout, nhwc=nhwc)
+        rest = dict(cfg=pipeline.PipelineConfig(channels_last=False), start_after="dispatch")
+    got = {f: count_packed(mod, f) for f in (od.CONV_FUNC, od.MATMUL_FUNC)}
+    assert got == expect, f"{name}: expected calls {expect}, got {got}"
+    vm = relax.VirtualMachine(pipeline.build(mod, target, **rest), tvm.cpu())
+    for _ in range(2):  # the second run hits the cached primitive and reordered weight
+        out = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
+        np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+rng = np.random.default_rng(0)
+
+
+def rand(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def conv_case(name, cin=8, cout=16, hw=14, k=3, stride=1, pad=1, dil=1, group=1, bias=True,
+              act=None, residual=False, post_relu=False, layout=None, nhwc=False):
+    inits = {"W": rand(cout, cin // group, k, k) * 0.2}
+    ins = ["x", "W"]
+    if bias:
+        inits["B"] = rand(cout)
+        ins.append("B")
+    nodes = [helper.make_node("Conv", ins, ["c"], kernel_shape=[k, k], strides=[stride] * 2,
+                              pads=[pad] * 4, dilations=[dil] * 2, group=group)]
+    cur = "c"
+    if act == "relu":
+        nodes.append(helper.make_node("Relu", [cur], ["a"]))
+        cur = "a"
+    elif act == "relu6":
+        inits["lo"] = np.array(0, np.float32)
+        inits["hi"] = np.array(6, np.float32)
+        nodes.append(helper.make_node("Clip", [cur, "lo", "hi"], ["a"]))
+        cur = "a"
+    inputs = {"x": rand(1, cin, hw, hw)}
+    graph_inputs = [("x", [1, cin, hw, hw])]
+    if residual:
+        oh = (hw + 2 * pad - dil * (k - 1) - 1) // stride + 1
+        inputs["skip"] = rand(1, cout, oh, oh)
+        graph_inputs.append(("skip", [1, cout, oh, oh]))
+        nodes.append(helper.make_node("Add", [cur, "skip"], ["r"]))
+        cur = "r"
+        if post_relu:
+            nodes.append(helper.make_node("Relu", [cur], ["p"]))
+            cur = "p"
+    nodes.append(helper.make_node("Identity", [cur], ["y"]))
+    model = make_model(nodes, graph_inputs, "y", inits)
+    if nhwc and layout is None:
+        layout = od.LAYOUT_AUTO
+    run_case(name, model, inputs, {od.CONV_FUNC: 1, od.MATMUL_FUNC: 0}, layout, nhwc)
+
+
+def conv_shared_intermediate():
+    """conv -> relu, where the pre-activation is also an output: must not fuse the relu away."""
+    inits = {"W": rand(8, 4, 3, 3), "B": rand(8)}
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1] * 4),
+             helper.make_node("Relu", ["c"], ["a"]),
+             helper.make_node("Add", ["a", "c"], ["y"])]
+    model = make_model(nodes, [("x", [1, 4, 10, 10])], "y", inits)
+    run_case("conv_shared_intermediate", model, {"x": rand(1, 4, 10, 10)},
+             {od.CONV_FUNC: 1, od.MATMUL_FUNC: 0})
+
+
+def gemm_case(name, m=4, k=64, n=32, trans_b=True, bias=True, relu=False):
+    w = rand(n, k) if trans_b else rand(k, n)
+    inits = {"W": w * 0.1}
+    ins = ["x", "W"]
+    if bias:
+        inits["B"] = rand(n)
+        ins.append("B")
+    nodes = [helper.make_node("Gemm", ins, ["g"], transB=int(trans_b))]
+    cur = "g"
+    if relu:
+        nodes.append(helper.make_node("Relu", [cur], ["r"]))
+        cur = "r"
+    nodes.append(helper.make_node("Identity", [cur], ["y"]))
+    model = make_model(nodes, [("x", [m, k])], "y", inits)
+    run_case(name, model, {"x": rand(m, k)}, {od.CONV_FUNC: 0, od.MATMUL_FUNC: 1})
+
+
+def matmul_case(name, a_shape, b_shape, bias=False, act=None, opset=17):
+    inits = {"W": rand(*b_shape) * 0.1}
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"])]
+    cur = "m"
+    if bias:
+        inits["B"] = rand(b_shape[-1])
+        nodes.append(helper.make_node("Add", [cur, "B"], ["b"]))
+        cur = "b"
+    if act == "relu":
+        nodes.append(helper.make_node("Relu", [cur], ["r"]))
+        cur = "r"
+    elif act in ("gelu", "gelu_tanh"):
+        nodes.append(helper.make_node("Gelu", [cur], ["r"],
+                                      approximate="tanh" if act == "gelu_tanh" else "none"))
+        cur = "r"
+    nodes.append(helper.make_node("Identity", [cur], ["y"]))
+    model = make_model(nodes, [("x", list(a_shape))], "y", inits, opset=opset)
+    run_case(name, model, {"x": rand(*a_shape)}, {od.CONV_FUNC: 0, od.MATMUL_FUNC: 1})
+
+
+CASES = [
+    ("conv1x1", lambda: conv_case("conv1x1", k=1, pad=0)),
+    ("conv3x3_pad1", lambda: conv_case("conv3x3_pad1")),
+    ("conv3x3_stride2", lambda: conv_case("conv3x3_stride2", stride=2)),
+    ("conv7x7_stride2_pad3", lambda: conv_case("conv7x7_stride2_pad3", cin=3, k=7, stride=2,
+                                               pad=3, hw=32)),
+    ("conv_depthwise", lambda: conv_case("conv_depthwise", cin=16, cout=16, group=16)),
+    ("conv_depthwise_s2_relu6", lambda: conv_case("conv_depthwise_s2_relu6", cin=16, cout=16,
+                                                  group=16, stride=2, act="relu6")),
+    ("conv_grouped", lambda: conv_case("conv_grouped", cin=8, cout=16, group=2)),
+    ("conv_dilation2", lambda: conv_case("conv_dilation2", pad=2, dil=2)),
+    ("conv_nobias", lambda: conv_case("conv_nobias", bias=False)),
+    ("conv_relu", lambda: conv_case("conv_relu", act="relu")),
+    ("conv_relu6", lambda: conv_case("conv_relu6", act="relu6")),
+    ("conv_residual", lambda: conv_case("conv_residual", residual=True)),
+    ("conv_residual_relu", lambda: conv_case("conv_residual_relu", residual=True,
+                                             post_relu=True)),
+    ("conv_nobias_residual_relu", lambda: conv_case("conv_nobias_residual_relu", bias=False,
+                                                    residual=True, post_relu=True)),
+    ("conv_relu_residual_relu", lambda: conv_case("conv_relu_residual_relu", act="relu",
+                                                  residual=True, post_relu=True)),
+    ("conv_plain_3x3_residual_relu", lambda: conv_case(
+        "conv_plain_3x3_residual_relu", residual=True, post_relu=True,
+        layout=od.LAYOUT_PLAIN)),
+    ("conv_plain_depthwise_relu6", lambda: conv_case(
+        "conv_plain_depthwise_relu6", cin=16, cout=16, group=16, act="relu6",
+        layout=od.LAYOUT_PLAIN)),
+    ("conv_nhwc_3x3_residual_relu", lambda: conv_case(
+        "conv_nhwc_3x3_residual_relu", residual=True, post_relu=True, nhwc=True)),
+    ("conv_nhwc_stride2_1x1", lambda: conv_case("conv_nhwc_stride2_1x1", k=1, pad=0, stride=2,
+                                                nhwc=True)),
+    ("conv_nhwc_depthwise_relu6", lambda: conv_case(
+        "conv_nhwc_depthwise_relu6", cin=16, cout=16, group=16, act="relu6", nhwc=True)),
+    ("conv_nhwc_grouped_dil", lambda: conv_case("conv_nhwc_grouped_dil", group=4, pad=2, dil=2,
+                                                nhwc=True)),
+    ("conv_nchw_reordered_residual_relu", lambda: conv_case(
+        "conv_nchw_reordered_residual_relu", residual=True, post_relu=True,
+        layout=od.LAYOUT_AUTO)),
+    ("conv_shared_intermediate", conv_shared_intermediate),
+    ("gemm_transb_bias", lambda: gemm_case("gemm_transb_bias")),
+    ("gemm_bias_relu", lambda: gemm_case("gemm_bias_relu", relu=True)),
+    ("gemm_notrans_nobias", lambda: gemm_case("gemm_notrans_nobias", trans_b=False,
+                                              bias=False)),
+    ("matmul_3d_bias_relu", lambda: matmul_case("matmul_3d_bias_relu", (2, 5, 48), (48, 24),
+                                                bias=True, act="relu")),
+    ("matmul_4d_batched_const", lambda: matmul_case("matmul_4d_batched_const", (2, 3, 5, 16),
+                                                    (2, 3, 16, 8))),
+    ("matmul_gelu", lambda: matmul_case("matmul_gelu", (4, 32), (32, 16), bias=True,
+                                        act="gelu", opset=20)),
+    ("matmul_gelu_tanh", lambda: matmul_case("matmul_gelu_tanh", (4, 32), (32, 16), bias=True,
+                                             act="gelu_tanh", opset=20)),
+]
+
+
+
+
+@pytest.mark.parametrize("name,case", CASES, ids=[n for n, _ in CASES])
+def test_chain_is_one_packed_call_and_matches(name, case):
+    case()
+
+
+def _small_cnn(path):
+    """Two convs of one workload, one of another, a Gemm: three workloads, four sites."""
+    import onnx
+
+    inits = {"W1": rand(8, 8, 3, 3) * 0.2, "W2": rand(8, 8, 3, 3) * 0.2,
+             "W3": rand(16, 8, 1, 1) * 0.2, "FW": rand(16, 10) * 0.1, "FB": rand(10)}
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["c1"], pads=[1] * 4),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "W2"], ["c2"], pads=[1] * 4),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Conv", ["r2", "W3"], ["c3"]),
+             helper.make_node("GlobalAveragePool", ["c3"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "FW", "FB"], ["y"])]
+    model = make_model(nodes, [("x", [1, 8, 16, 16])], "y", inits)
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10]))
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def test_auto_times_each_workload_once_then_reads_the_cache(tmp_path, monkeypatch):
+    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.kernels import dispatch
+
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))  # extension already loaded
+    model = _small_cnn(tmp_path / "cnn.onnx")
+
+    def kernels(out):
+        res = compile_model(CompileOptions(model=model, output=str(tmp_path / out),
+                                           dispatch="auto", verify=True), log=lambda s: None)
+        return res.artifact.manifest["kernels"]
+
+    first = kernels("a")
+    assert first["dispatch"] == "auto" and first["layout"] == "NHWC"
+    choices = first["choices"]
+    assert sorted(c["sites"] for c in choices) == [1, 1, 2]
+    for c in choices:
+        assert c["library_ms"] > 0 and c["codegen_ms"] > 0 and not c["cached"]
+        faster = c["library_ms"] < dispatch.MARGIN * c["codegen_ms"]
+        assert c["choice"] == ("library" if faster else "codegen")
+    assert first["requires"] == (["onednn"] if any(c["choice"] == "library" for c in choices)
+                                 else [])
+    second = kernels("b")
+    assert all(c["cached"] for c in second["choices"])
+    assert [c["choice"] for c in second["choices"]] == [c["choice"] for c in choices]
+
+
+def test_library_artifact_runs_in_a_fresh_process(tmp_path):
+    from tvmopt.build.compile import CompileOptions, compile_model
+
+    model = _small_cnn(tmp_path / "cnn.onnx")
+    res = compile_model(CompileOptions(model=model, output=str(tmp_path / "a"),
+                                       dispatch="library"), log=lambda s: None)
+    manifest = res.artifact.manifest["kernels"]
+    assert manifest["build"] == "dispatched" and manifest["requires"] == ["onednn"]
+    assert all(c["choice"] == "library" for c in manifest["choices"])
+    x = rand(1, 8, 16, 16)
+    np.savez(tmp_path / "in.npz", x=x)
+    run = subprocess.run([sys.executable, "-m", "tvmopt.cli", "run", str(tmp_path / "a"), "--inputs",
+                          str(tmp_path / "in.npz"), "--outputs", str(tmp_path / "out.npz")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["y"], ref, rtol=RTOL, atol=ATOL)
+
+
+def test_unloadable_library_falls_back_to_default_schedules_and_says_so(tmp_path,
+                                                                        monkeypatch):
+    from tvmopt.build.compile import CompileOptions, compile_model
+
+    def broken(*a, **k):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(od, "load_extension", broken)
+    logs = []
+    res = compile_model(CompileOptions(model=_small_cnn(tmp_path / "cnn.onnx"), verify=True,
+                                       output=str(tmp_path / "a"), dispatch="auto"),
+                        log=logs.append)
+    kernels = res.artifact.manifest["kernels"]
+    assert kernels["build"] == "untuned" and kernels["requires"] == []
+    assert any("oneDNN unavailable (no C++ compiler found)" in n for n in kernels["notes"])
+    assert any(line.startswith("note: oneDNN unavailable") for line in logs)
+    assert all(e.mismatched == 0 for e in res.verification)
