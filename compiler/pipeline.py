@@ -15,6 +15,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import stage
 from .errors import BuildError
 
 
@@ -327,6 +328,7 @@ def optimize(mod, target, cfg: PipelineConfig | None = None, until: str | None =
                 continue
             seq = tvm.transform.Sequential(make(target, cfg), name=f"tvmopt.{name}")
             _ran(name)
+            stage.enter(f"the {name} phase")
             if ctx_db is not None and name == "database":
                 with ctx_db:
                     mod = seq(mod)
@@ -362,6 +364,7 @@ def build(mod, target, cfg: PipelineConfig | None = None,
     lower = tvm.transform.Sequential(dict(phases(device))["lower"](target, cfg), name="tvmopt.lower")
     _ran("lower")
     try:
+        stage.enter("code generation")
         with target:  # TVM's nvcc/nvrtc callback reads the CUDA arch from the current target
             return tvm.relax.build(mod, target=target, relax_pipeline=lower,
                                    exec_mode=cfg.exec_mode)

@@ -181,7 +181,7 @@ def unspecified(case: Case):
     """
     import numpy as np
 
-    from tvmopt.narrow_types import by_name, float_to_int_unspecified
+    from tvmopt.frontend.narrow_types import by_name, float_to_int_unspecified
 
     if case.op not in ("Cast", "CastLike") or not case.inputs or len(case.outputs) != 1:
         return None

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import stage
 from ..errors import BuildError, TvmoptError
 from ..frontend.onnx_model import load_onnx, parse_shapes, sha256_file
 from ..precision.policy import parse as parse_precision
@@ -116,6 +117,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
 
         enable_cuda_codegen()
     take_fallbacks()  # start this build's record empty
+    stage.enter("import", opts.model)
     model = load_onnx(opts.model)
     imported = import_onnx(model, opts.shapes, allow_newer_opset=opts.allow_newer_opset)
     timings["import_s"] = time.perf_counter() - t0
@@ -186,6 +188,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     if replay is not None:
         manifest["tuning"] = replay.to_json()
     t2 = time.perf_counter()
+    stage.enter("export")
     art = write_artifact(opts.output, ex, manifest, extra_files=extra, cc=cc)
     timings["export_s"] = time.perf_counter() - t2
     if plan.precision != "fp32" or any(k.integer_matmul for k in plan.kernels):
@@ -204,6 +207,7 @@ def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, i
     from ..runtime.artifact import read_artifact, update_manifest
     from ..runtime.loader import load, random_inputs
 
+    stage.enter("verification")
     lm = load(artifact_path)
     feeds = random_inputs(lm.inputs, dims)
     got = lm.run(feeds)

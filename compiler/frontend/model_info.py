@@ -107,6 +107,10 @@ def inspect_model(path: str | Path, model=None) -> ModelInfo:
     """Describe a model: signature, op histogram, parameters, FLOPs, unsupported ops."""
     import onnx
 
+    from .. import stage
+
+    stage.enter("inspect", str(path))
+
     from .importer import model_opset, opset_verdict, unsupported_ops
     from .narrow_types import by_onnx
     from .onnx_model import load_onnx

@@ -544,12 +544,27 @@ class ElementwiseRule(ScheduleRule):
 
 
 def post_schedule_passes():
-    """Relax passes after ApplyDefaultSchedule: fold the packed-weight copies."""
-    return [
-        relax.transform.SplitLayoutRewritePreproc(),
-        relax.transform.FoldConstant(),
-        relax.transform.DeadCodeElimination(),
-    ]
+    """Relax passes after ApplyDefaultSchedule: fold the packed-weight copies into constants.
+
+    SplitLayoutRewritePreproc asserts on some kernels it has nothing to do with (TopK's), so it
+    runs only on modules holding a packing block, and if it still refuses, the packing stays
+    inside its kernel: correct, done on every call instead of once.
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmopt.FoldWeightPacking")
+    def fold_packing(mod, _ctx):
+        packed = any(isinstance(f, tirx.PrimFunc) and "layout_rewrite_preproc" in f.script()
+                     for f in mod.functions.values())
+        if not packed:
+            return mod
+        try:
+            return tvm.ir.transform.Sequential([
+                relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant(),
+                relax.transform.DeadCodeElimination()])(mod)
+        except Exception:  # pylint: disable=broad-except
+            return mod
+
+    return [fold_packing]
 
 
 def default_rules(params: CPUParams | None = None):

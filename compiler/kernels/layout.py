@@ -96,6 +96,36 @@ def LiftClip(mod, _ctx):  # noqa: N802 - a pass, named like TVM's
 
 
 def channels_last(kernel_layout: str = "HWIO") -> list:
-    """Passes (before LegalizeOps) moving conv2d to NHWC with `kernel_layout` weights."""
-    return [LiftClip, relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", kernel_layout]}),
-            relax.transform.Normalize(), relax.transform.FoldConstant()]
+    """Passes (before LegalizeOps) moving conv2d to NHWC with `kernel_layout` weights.
+
+    Only modules with a conv2d change. ConvertLayout refuses some graphs (a match_cast of a
+    data-dependent shape: "exactly one of the layouts is unknown"); those keep their layout.
+    """
+    convert = tvm.ir.transform.Sequential([
+        LiftClip, relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", kernel_layout]}),
+        relax.transform.Normalize(), relax.transform.FoldConstant()])
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmopt.ChannelsLast")
+    def channels_last_pass(mod, _ctx):
+        if not _has_conv2d(mod):
+            return mod
+        try:
+            return convert(mod)
+        except Exception:  # noqa: BLE001 - TVM raises InternalError subclasses
+            return mod
+
+    return [channels_last_pass]
+
+
+def _has_conv2d(mod) -> bool:
+    found = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and \
+                e.op.name == "relax.nn.conv2d":
+            found.append(e)
+
+    for f in mod.functions.values():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, visit)
+    return bool(found)

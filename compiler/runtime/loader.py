@@ -128,6 +128,9 @@ def load(path, check_host: bool = True) -> LoadedModel:
     import tvm
     from tvm import relax
 
+    from .. import stage
+
+    stage.enter("artifact load", str(path))
     art = read_artifact(path)
     t = art.manifest["target"]
     if check_host:

@@ -182,7 +182,10 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
                                TimeElapsedColumn)
     from tvm.s_tir import meta_schedule as ms
 
+    from .. import stage
     from ..frontend.onnx_model import sha256_file
+
+    stage.enter("tuning", str(opts.model))
     from ..targets.registry import get_target
 
     t0 = time.perf_counter()

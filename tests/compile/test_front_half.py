@@ -32,4 +32,4 @@ def test_the_phase_record_counts_every_run():
     assert runs == pipeline.front_half("cpu") + ["simplify"]
     with pipeline.record_phases() as rest:
         pipeline.optimize(fused, target, start_after=pipeline.FRONT_HALF)
-    assert rest == ["database", "dlight"]
+    assert rest == ["database", "schedule"]

@@ -39,7 +39,7 @@ def test_int8_verify_rechecks_onnx_reference_where_onnxruntime_saturates(qmodel,
                                                                           monkeypatch):
     # On x86 without VNNI onnxruntime's u8 x s8 kernels saturate int16 pair sums, so its
     # MatMulInteger is a quantization step off on some outputs (seen: 9/16, 0.00167).
-    from tvmopt import verify
+    from tvmopt.runtime import verify
 
     exact = verify.run_onnxruntime
 

@@ -1,0 +1,151 @@
+"""Untuned speed: tvmopt with no database against onnxruntime and PyTorch, same run, same threads.
+
+Builds ResNet-18, MobileNetV2, a 4-layer BERT encoder and a 4-layer GPT-2 decoder (hidden 256,
+seq 128), plus a ConvNeXt-style CNN and a wide MLP (`tools/torch_models.py`, random weights,
+fixed seeds), exported with torch.onnx.export at opset 17 at each batch size; compiles each with
+`--dispatch codegen` (the default schedules) and `--dispatch auto` (oneDNN per kernel where it
+times faster), no tuning database; then times tvmopt (both), onnxruntime (CPU provider) and
+PyTorch eager interleaved in blocks, every runtime on the same number of threads, and prints
+medians, P95, ratios to onnxruntime, the geometric means and the compile times.
+
+Usage:
+  python tools/bench_default.py [--models resnet18,bert4l] [--batches 1,8] [--threads 2]
+                                [--runs 20] [--out DIR] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _args(argv):
+    import torch_models
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(torch_models.MODELS))
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--runs", type=int, default=20, help="timed calls per runtime and row")
+    ap.add_argument("--block", type=int, default=5, help="calls per runtime before switching")
+    ap.add_argument("--dispatch", default="codegen,auto")
+    ap.add_argument("--out", default="tvmopt-out/bench-default", help="models and artifacts")
+    ap.add_argument("--json", dest="json_path", default=None)
+    return ap.parse_args(argv)
+
+
+def _interleaved(runners: dict, runs: int, block: int) -> dict[str, list[float]]:
+    """ms per call for each runner, alternating blocks of `block` calls; the first call of
+    each block is dropped (the previous runtime's spinning pool slows it)."""
+    import numpy as np
+
+    times = {k: [] for k in runners}
+    for f in runners.values():  # warm-up: first-call costs (oneDNN weight reorders) excluded
+        f()
+        f()
+    while min(len(v) for v in times.values()) < runs:
+        for name, f in runners.items():
+            for i in range(block + 1):
+                t0 = time.perf_counter()
+                f()
+                if i:
+                    times[name].append((time.perf_counter() - t0) * 1e3)
+    return {k: np.asarray(v[:runs]) for k, v in times.items()}
+
+
+def main(argv=None) -> int:
+    sys.path.insert(0, str(HERE))
+    args = _args(argv)
+    os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))  # before TVM loads
+
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    import torch_models
+
+    import tvmopt
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    rows = []
+    for name in args.models.split(","):
+        for batch in [int(b) for b in args.batches.split(",")]:
+            path = torch_models.export(name, str(out / "models"), batch)
+            x = torch_models.example(name, batch)
+            feed = {"input": x.numpy()}
+            row = {"model": name, "batch": batch, "compile_s": {}, "ms": {}}
+            runners = {}
+            for mode in args.dispatch.split(","):
+                t0 = time.perf_counter()
+                res = tvmopt.compile_model(tvmopt.CompileOptions(
+                    model=path, target="x86", dispatch=mode,
+                    output=str(out / "artifacts" / f"{name}_b{batch}_{mode}")),
+                    log=lambda s: None)
+                row["compile_s"][mode] = round(time.perf_counter() - t0, 1)
+                kernels = res.artifact.manifest["kernels"]
+                row.setdefault("library_sites", {})[mode] = sum(
+                    c["sites"] for c in kernels["choices"] if c["choice"] == "library")
+                lm = tvmopt.load(res.artifact.path)
+                runners[f"tvmopt-{mode}"] = (lambda lm=lm: lm.run(feed))
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = args.threads
+            so.inter_op_num_threads = 1
+            sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            runners["onnxruntime"] = lambda: sess.run(None, feed)
+            model = torch_models.build(name)
+
+            def eager(model=model, x=x):
+                with torch.inference_mode():
+                    return model(x)
+
+            runners["torch"] = eager
+            # Same answers first: a fast wrong kernel is not a result.
+            ref = sess.run(None, feed)[0]
+            for k, f in runners.items():
+                if k.startswith("tvmopt"):
+                    got = list(f().values())[0]
+                    err = float(np.max(np.abs(got - ref)) / (np.max(np.abs(ref)) + 1e-12))
+                    row.setdefault("rel_err", {})[k] = err
+            times = _interleaved(runners, args.runs, args.block)
+            ort_p50 = float(np.median(times["onnxruntime"]))
+            for k, t in times.items():
+                p50, p95 = float(np.median(t)), float(np.percentile(t, 95))
+                row["ms"][k] = {"p50": round(p50, 3), "p95": round(p95, 3),
+                                "ratio_to_ort": round(p50 / ort_p50, 3)}
+            rows.append(row)
+            print(f"{name:15s} b{batch:<2d} " + "  ".join(
+                f"{k} {v['p50']:8.2f} ms ({v['ratio_to_ort']:.2f}x)" for k, v in row["ms"].items())
+                + "  compile " + ", ".join(f"{m} {s}s" for m, s in row["compile_s"].items()),
+                flush=True)
+
+    print("\nmodel            batch | " + " | ".join(
+        f"{k} P50 / P95 ms (x ort)" for k in rows[0]["ms"]) + " | compile s")
+    for r in rows:
+        print(f"{r['model']:16s} {r['batch']:5d} | " + " | ".join(
+            f"{v['p50']:.2f} / {v['p95']:.2f} ({v['ratio_to_ort']:.2f}x)" for v in r["ms"].values())
+            + " | " + ", ".join(f"{m} {s}" for m, s in r["compile_s"].items()))
+    summary = {}
+    for k in rows[0]["ms"]:
+        ratios = np.array([r["ms"][k]["ratio_to_ort"] for r in rows])
+        summary[k] = {"geomean_ratio": round(float(np.exp(np.log(ratios).mean())), 3),
+                      "worst_ratio": round(float(ratios.max()), 3)}
+        print(f"geomean ratio to onnxruntime, {k}: {summary[k]['geomean_ratio']:.2f}x "
+              f"(worst {summary[k]['worst_ratio']:.2f}x)")
+    if args.json_path:
+        import platform
+
+        Path(args.json_path).write_text(json.dumps({
+            "threads": args.threads, "host": platform.processor() or platform.machine(),
+            "tvm_num_threads": os.environ.get("TVM_NUM_THREADS"), "rows": rows,
+            "summary": summary, "command": " ".join(sys.argv)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
