@@ -514,6 +514,12 @@ class PoolRule(ContractionRule):
 # ---------------------------------------------------------------------------------------
 
 
+MAX_INLINED_BLOCKS = 12
+
+
+# Not in default_rules(): on some kernels (the float8 encoders) its schedule takes minutes to
+# compile; until that is bounded, elementwise kernels keep LLVM's loop nests (their epilogues
+# inside contractions are scheduled with them).
 class ElementwiseRule(ScheduleRule):
     """Spatial-only PrimFuncs: inline what can be inlined, parallel outer, vector inner."""
 
@@ -531,6 +537,11 @@ class ElementwiseRule(ScheduleRule):
             sch = s_tir.Schedule(func)
             infos = normalize_prim_func(sch)
             if infos is None or not infos or not all(b.is_injective() for b in infos):
+                return None
+            # Inlining a long chain of producers (the float8 encoders' binary search: dozens of
+            # blocks, each reading the previous several times) grows the expression
+            # exponentially and compile time with it; such kernels keep their loop nests.
+            if len(infos) > MAX_INLINED_BLOCKS:
                 return None
             outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(sch.get_sblock("root"))}
             keep = {b.block_rv for b in infos if sch.get(b.block_rv).name_hint in outputs}
@@ -575,5 +586,4 @@ def default_rules(params: CPUParams | None = None):
         PoolRule(params),
         dl_cpu.GEMV(),
         dl_cpu.Reduction(),
-        ElementwiseRule(params),
     ]
