@@ -19,6 +19,7 @@ Schedule primitives check their own legality, so a rule can be slow but not wron
 """
 
 import os
+import re
 import traceback
 
 import tvm
@@ -170,14 +171,39 @@ def _parallel_vectorize(sch, block, lanes, max_inner=None):
         sch.parallel(fused)
 
 
+# Inlining substitutes the producer's expression at every load of its buffer, so a producer
+# read k times by a consumer that is itself inlined k times grows as k^depth (the float8
+# encoders' bit-by-bit search: minutes in LLVM).  A producer is inlined into a consumer that
+# loads it more than once only while its own expression is short, which keeps growth linear.
+# The wheel exposes no TIR visitor to Python, so sizes and loads are read off the printed body.
+INLINE_DUPLICATE_CHARS = 400
+
+
+def _loads_of(text: str, name: str) -> int:
+    return len(re.findall(r"(?<![\w.])" + re.escape(name) + r"\[", text))
+
+
+def _duplicates_large_expr(sch, block_rv) -> bool:
+    """Whether inlining ``block_rv`` would copy a long expression into some consumer twice."""
+    stmt = sch.get(block_rv)
+    if len(str(stmt.body)) <= INLINE_DUPLICATE_CHARS:
+        return False
+    name = stmt.writes[0].source.name
+    return any(_loads_of(str(sch.get(c).body), name) > 1 for c in sch.get_consumers(block_rv))
+
+
 def _inline_spatial_producers(sch, blocks, keep):
-    """Inline every spatial block except ``keep`` where TVM allows it; return the rest."""
+    """Inline every spatial block except ``keep`` where TVM allows it and the inlined
+    expression stays small; return the blocks left in place."""
     remaining = []
     for info in blocks:
         if info.block_rv in keep or not info.is_injective():
             remaining.append(info)
             continue
         try:
+            if _duplicates_large_expr(sch, info.block_rv):
+                remaining.append(info)
+                continue
             sch.compute_inline(info.block_rv)
         except Exception:  # pylint: disable=broad-except
             remaining.append(info)
@@ -514,12 +540,6 @@ class PoolRule(ContractionRule):
 # ---------------------------------------------------------------------------------------
 
 
-MAX_INLINED_BLOCKS = 12
-
-
-# Not in default_rules(): on some kernels (the float8 encoders) its schedule takes minutes to
-# compile; until that is bounded, elementwise kernels keep LLVM's loop nests (their epilogues
-# inside contractions are scheduled with them).
 class ElementwiseRule(ScheduleRule):
     """Spatial-only PrimFuncs: inline what can be inlined, parallel outer, vector inner."""
 
@@ -537,11 +557,6 @@ class ElementwiseRule(ScheduleRule):
             sch = s_tir.Schedule(func)
             infos = normalize_prim_func(sch)
             if infos is None or not infos or not all(b.is_injective() for b in infos):
-                return None
-            # Inlining a long chain of producers (the float8 encoders' binary search: dozens of
-            # blocks, each reading the previous several times) grows the expression
-            # exponentially and compile time with it; such kernels keep their loop nests.
-            if len(infos) > MAX_INLINED_BLOCKS:
                 return None
             outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(sch.get_sblock("root"))}
             keep = {b.block_rv for b in infos if sch.get(b.block_rv).name_hint in outputs}
@@ -586,4 +601,5 @@ def default_rules(params: CPUParams | None = None):
         PoolRule(params),
         dl_cpu.GEMV(),
         dl_cpu.Reduction(),
+        ElementwiseRule(params),
     ]
