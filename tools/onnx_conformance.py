@@ -5,10 +5,15 @@ memory from its case scripts (`onnx.backend.test.case.node.collect_testcases`). 
 in a worker process (one per --jobs) with a timeout; a worker that hangs or crashes is killed
 and replaced, so one case cannot take down the run. For each case:
 
-  tvmopt:       load (onnx checker, as `tvmopt compile` does) -> import (frontend.import_onnx)
-                -> build (pipeline.build for llvm) -> run (Relax VM on the case's inputs)
-                -> compare with the case's expected outputs (its rtol/atol, dtype and shape).
+  tvmopt:       the path a user takes: `compile_model` (what `tvmopt compile` runs: load with
+                the onnx checker, import, plan, build, export) to an artifact folder for the
+                host target -> `runtime.load` (manifest, hashes) -> `LoadedModel.run` on the
+                case's inputs -> compare with the case's expected outputs (its rtol/atol, dtype
+                and shape).
   onnxruntime:  session -> run -> the same comparison.
+
+A failure is reported at the stage its TvmoptError names (load, import, build, run, mismatch);
+any other exception escaping tvmopt is "internal": what the CLI reports with exit code 2.
 
 Usage:
   python tools/onnx_conformance.py [--sample N --seed S] [--ops Abs,Relu] [--jobs 2]
