@@ -44,5 +44,9 @@ class BuildError(TvmoptError):
     """TVM failed to compile the module."""
 
 
+class RunError(TvmoptError):
+    """A loaded artifact failed while running on the given inputs (a run-time check or kernel)."""
+
+
 class TuningError(TvmoptError):
     """Tuning could not start or continue (locked database, no tasks, bad database)."""

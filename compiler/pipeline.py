@@ -206,7 +206,10 @@ def _dlight_gpu(target, cfg):
 def _lower(target, cfg):
     from tvm import relax
 
+    from .passes.empty_constants import EmptyConstantsToAllocs
+
     return [relax.transform.RewriteDataflowReshape(), relax.transform.ToNonDataflow(),
+            EmptyConstantsToAllocs,
             relax.transform.RemovePurityChecking(), relax.transform.CallTIRRewrite(),
             relax.transform.StaticPlanBlockMemory(), relax.transform.LowerAllocTensor(),
             relax.transform.KillAfterLastUse(), relax.transform.LowerRuntimeBuiltin(),

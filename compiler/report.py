@@ -144,12 +144,21 @@ def print_plan(p, model: str) -> None:
         t.add_column(col, justify="right" if col in ("FLOPs", "bytes", "FLOP/B", "pred us") else "left")
     for k in p.kernels:
         ai = "inf" if k.intensity == float("inf") else f"{k.intensity:.2f}"
+        if k.unknown:  # sizes decided at run time: no estimate to show
+            t.add_row(escape(k.name[:32]), escape(",".join(k.ops)[:28]), "unknown", "unknown",
+                      "unknown", "unknown", k.precision, "unknown", escape(k.why))
+            continue
         t.add_row(escape(k.name[:32]), escape(",".join(k.ops)[:28]), _si(k.flops), _si(k.bytes, "B"),
                   ai, k.bound, k.precision, f"{k.time_us:.3f}", escape(k.why))
     console.print(t)
     console.print(f"  kernels: {p.kernels_before_fusion} before fusion -> {p.kernels_after_fusion} "
                   f"after; predicted latency {p.predicted_ms:.4f} ms (fp32 {p.predicted_fp32_ms:.4f} ms; "
                   "roofline only: no launch or framework overhead)")
+    if p.unestimated:
+        sizes = sorted({u for k in p.kernels for u in k.unknown})
+        console.print(f"  {len(p.unestimated)} kernel(s) have sizes known only at run time "
+                      f"(run-time sizes: {escape(', '.join(sizes))}): their cost is unknown and the predicted "
+                      "latency counts them as size 1, a lower bound")
     console.print("  weight bytes: " + ", ".join(f"{k} {_si(v, 'B')}" for k, v in p.weight_bytes.items()))
     for d in p.decisions:
         colour = {"chosen": "green", "refused": "yellow", "downgraded": "red"}.get(d.action, "")

@@ -25,6 +25,31 @@ def run_tvmopt(model, feeds: dict, target=None) -> list[np.ndarray]:
     return run_in_memory(imported.mod, args, target)
 
 
+def compile_and_run(model, feeds: dict, folder, target: str | None = None) -> list[np.ndarray]:
+    """`model` through the path a user takes: `compile_model` to an artifact folder under
+    `folder`, then `runtime.load` and `run` on `feeds`.
+
+    Returns:
+        The outputs in the model's output order.
+    """
+    from pathlib import Path
+
+    import onnx
+
+    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.runtime.in_memory import host_target
+    from tvmopt.runtime.loader import load
+
+    folder = Path(folder)
+    path = folder / "model.onnx"
+    onnx.save(model, str(path))
+    opts = CompileOptions(model=str(path), target=target or host_target().name,
+                          output=str(folder / "model.tvmopt"))
+    lm = load(compile_model(opts, log=lambda *_: None).artifact.path)
+    outs = lm.run({i.name: feeds[i.name] for i in lm.inputs})
+    return [outs[o.name] for o in lm.outputs]
+
+
 def load_tvmopt(model):
     """`model` built in memory as a `LoadedModel` (named inputs and outputs, 8/4/2-bit types)."""
     from tvmopt.frontend.importer import import_onnx

@@ -5,10 +5,15 @@ memory from its case scripts (`onnx.backend.test.case.node.collect_testcases`). 
 in a worker process (one per --jobs) with a timeout; a worker that hangs or crashes is killed
 and replaced, so one case cannot take down the run. For each case:
 
-  tvmopt:       load (onnx checker, as `tvmopt compile` does) -> import (frontend.import_onnx)
-                -> build (pipeline.build for llvm) -> run (Relax VM on the case's inputs)
-                -> compare with the case's expected outputs (its rtol/atol, dtype and shape).
+  tvmopt:       the path a user takes: `compile_model` (what `tvmopt compile` runs: load with
+                the onnx checker, import, plan, build, export) to an artifact folder for the
+                host target -> `runtime.load` (manifest, hashes) -> `LoadedModel.run` on the
+                case's inputs -> compare with the case's expected outputs (its rtol/atol, dtype
+                and shape).
   onnxruntime:  session -> run -> the same comparison.
+
+A failure is reported at the stage its TvmoptError names (load, import, build, run, mismatch);
+any other exception escaping tvmopt is "internal": what the CLI reports with exit code 2.
 
 Usage:
   python tools/onnx_conformance.py [--sample N --seed S] [--ops Abs,Relu] [--jobs 2]
@@ -30,7 +35,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import wait
 
-STAGES = ("load", "import", "build", "run", "mismatch", "timeout", "crash")
+STAGES = ("load", "import", "build", "run", "mismatch", "internal", "timeout", "crash")
 
 
 @dataclass
@@ -251,49 +256,61 @@ def run_ort(case: Case) -> tuple[str | None, str]:
     return ("mismatch", diff) if diff else (None, "")
 
 
-def run_tvmopt(case: Case, target) -> tuple[str | None, str]:
+def _stage_of(err: BaseException) -> str:
+    """The report stage of an error `compile_model` raised: a TvmoptError names where it failed;
+    any other exception escaped the product uncaught (the CLI's exit 2) and is "internal"."""
+    from tvmopt.errors import ImportFailure, ModelError, ShapeError, TvmoptError, UnsupportedOpError
+
+    if not isinstance(err, TvmoptError):
+        return "internal"
+    if isinstance(err, ModelError):
+        return "load"
+    if isinstance(err, (UnsupportedOpError, ImportFailure, ShapeError)):
+        return "import"
+    return "build"
+
+
+def _reason(err: BaseException) -> str:
+    text = _last_line(err)
+    from tvmopt.errors import TvmoptError
+
+    return text if isinstance(err, TvmoptError) else f"{type(err).__name__}: {text}"
+
+
+def run_tvmopt(case: Case, target: str) -> tuple[str | None, str]:
+    """The case through the path a user takes: `compile_model` (what `tvmopt compile` runs) to
+    an artifact folder, then `runtime.load` and `LoadedModel.run` on the case's inputs."""
     import tempfile
 
+    from tvmopt.build.compile import CompileOptions, compile_model
     from tvmopt.errors import TvmoptError
-    from tvmopt.frontend.importer import import_onnx
-    from tvmopt.frontend.narrow_types import from_carrier
-    from tvmopt.frontend.onnx_model import load_onnx
-    from tvmopt.runtime.in_memory import build_in_memory, run_executable
+    from tvmopt.runtime.loader import load
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.onnx")
         with open(path, "wb") as f:
             f.write(case.model)
         try:
-            model = load_onnx(path)
-        except Exception as err:
-            return "load", _last_line(err)
-    try:
-        imported = import_onnx(model)
-    except Exception as err:
-        return "import", _last_line(err)
-    try:
-        ex = build_in_memory(imported.mod, target)
-    except Exception as err:
-        return "build", _last_line(err.__cause__ or err) if isinstance(err, TvmoptError) \
-            else _last_line(err)
-    try:
-        init_names = {t.name for t in model.graph.initializer}
-        names = [i.name for i in model.graph.input if i.name not in init_names]
-        for name, value in zip(names, case.inputs):
-            if value is None or isinstance(value, list):
-                return "run", f"input '{name}': sequence/optional inputs are not fed by tvmopt"
-        # as tvmopt's runtime feeds them: 8/4/2-bit arrays as their int8/uint8 carriers
-        got = run_executable(ex, [v for _, v in zip(names, case.inputs)], flatten=False)
-        flat = got if isinstance(got, list) else [got]
-        if len(flat) == len(imported.outputs) and not any(isinstance(g, list) for g in flat):
-            flat = [from_carrier(g, o.dtype) for g, o in zip(flat, imported.outputs)]
-            got = flat if isinstance(got, list) else flat[0]
-    except Exception as err:
-        return "run", _last_line(err)
+            opts = CompileOptions(model=path, target=target, output=os.path.join(tmp, "art"))
+            result = compile_model(opts, log=lambda *_: None)
+        except Exception as err:  # noqa: BLE001 - classified, never fatal to the run
+            return _stage_of(err), _reason(err)
+        try:
+            lm = load(result.artifact.path)
+            names = [i.name for i in lm.inputs]
+            feeds = {}
+            for name, value in zip(names, case.inputs):
+                if value is None or isinstance(value, list):
+                    return "run", f"input '{name}': sequence/optional inputs are not fed by tvmopt"
+                feeds[name] = value
+            outs = lm.run(feeds)
+            got = [outs[o.name] for o in lm.outputs]
+        except TvmoptError as err:
+            return "run", _reason(err)
+        except Exception as err:  # noqa: BLE001
+            return "internal", _reason(err)
     skip = unspecified(case)
-    diff = compare(got if isinstance(got, list) else [got], case.outputs, case.rtol, case.atol,
-                   skip[0] if skip else None)
+    diff = compare(got, case.outputs, case.rtol, case.atol, skip[0] if skip else None)
     return ("mismatch", diff) if diff else (None, "")
 
 
@@ -306,9 +323,10 @@ def _worker(conn) -> None:
     # TVM's C++ logging writes straight to fd 2 ("BlockBuilder destroyed..."); keep the report clean.
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
-    import tvm
+    os.environ.setdefault("TVM_NUM_THREADS", "1")  # --jobs workers share the cores
+    from tvmopt.runtime.in_memory import host_target
 
-    target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    target = host_target().name
     while True:
         case = conn.recv()
         if case is None:

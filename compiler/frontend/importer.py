@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -234,23 +235,36 @@ def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None
                              f"{reason}; pass --shape to make them static") from None
         raise ImportFailure(f"import failed: {reason}") from None
     outputs = [TensorInfo(o.name, o.shape, narrow_outputs.get(o.name, o.dtype))
-               for o in _output_infos(mod, model)]
+               for o in _output_infos(mod, model, inputs)]
     return ImportedModel(mod=mod, inputs=inputs, outputs=outputs, opset=opset)
 
 
-def _struct_to_info(name: str, sinfo) -> TensorInfo:
+def _struct_to_info(name: str, sinfo, input_dims: set[str]) -> TensorInfo:
     from tvm import relax
 
     if not isinstance(sinfo, relax.TensorType):
         raise ImportFailure(f"output '{name}' is not a tensor ({sinfo}); only tensor outputs are supported")
     if sinfo.shape is None or not hasattr(sinfo.shape, "values"):
-        shape = None
+        # rank known, sizes decided at run time (NonZero, Unique, a shape read from an input)
+        shape = None if sinfo.ndim < 0 else (None,) * sinfo.ndim
     else:
-        shape = tuple(int(v) if hasattr(v, "value") else str(v) for v in sinfo.shape.values)
+        shape = tuple(_output_dim(v, input_dims) for v in sinfo.shape.values)
     return TensorInfo(name, shape, str(sinfo.dtype))
 
 
-def _output_infos(mod, model) -> list[TensorInfo]:
+def _output_dim(expr, input_dims: set[str]):
+    """An int, a symbolic expression of the inputs' named dims, or None (data-dependent)."""
+    from tvm import tirx
+
+    if hasattr(expr, "value"):
+        return int(expr.value)
+    names = {v.name for v in tirx.analysis.undefined_vars(expr)}
+    if not names <= input_dims:
+        return None
+    return re.sub(r"T\.int(?:32|64)\((-?\d+)\)", r"\1", str(expr))
+
+
+def _output_infos(mod, model, inputs) -> list[TensorInfo]:
     from tvm import relax
 
     ret = mod["main"].ret_ty
@@ -259,4 +273,5 @@ def _output_infos(mod, model) -> list[TensorInfo]:
     if len(fields) != len(names):
         raise ImportFailure(f"imported graph returns {len(fields)} values, the model declares "
                             f"{len(names)} outputs")
-    return [_struct_to_info(n, s) for n, s in zip(names, fields)]
+    input_dims = {d for i in inputs for d in (i.shape or ()) if isinstance(d, str)}
+    return [_struct_to_info(n, s, input_dims) for n, s in zip(names, fields)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import TargetError
 from ..targets.registry import HardwareTarget
@@ -36,6 +36,13 @@ class KernelPlan:
     why: str = ""
     time_us: float = 0.0
     fp32_time_us: float = 0.0
+    # Sizes known only at run time (counted as 1 in flops/bytes): the figures are not estimates
+    # of this kernel's cost, just placeholders. "flops" here: TVM could not count its loops.
+    unknown: list[str] = field(default_factory=list)
+
+    @property
+    def estimated(self) -> bool:
+        return not self.unknown
 
     @property
     def is_matrix(self) -> bool:

@@ -38,12 +38,18 @@ class Plan:
     def kernels_after_fusion(self) -> int:
         return len(self.kernels)
 
+    @property
+    def unestimated(self) -> list[str]:
+        """Kernels whose sizes are known only at run time (their figures count those sizes as 1)."""
+        return [k.name for k in self.kernels if k.unknown]
+
     def int8_weight_kernels(self) -> list[str]:
         return [k.name for k in self.kernels if k.precision == "int8_weight"]
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["kernels_after_fusion"] = self.kernels_after_fusion
+        d["unestimated_kernels"] = self.unestimated
         for k in d["kernels"]:
             if k["intensity"] == float("inf"):
                 k["intensity"] = None
@@ -51,41 +57,48 @@ class Plan:
 
 
 # ------------------------------------------------------------------------------ analysis (TVM)
-def _dim_value(expr, dims: dict[str, int]) -> int:
-    """An integer shape expression, with symbolic dims taken from `dims` (default 1)."""
-    import tvm
+def _dim_value(expr, dims: dict[str, int], unknown: set[str]) -> int:
+    """An integer shape expression with its symbolic dims taken from `dims` (default 1).
+
+    A var that is not a model dim (a size computed at run time: a shape read from an input,
+    NonZero's count) counts as 1 and is added to `unknown`.
+    """
+    from tvm import tirx
+    from tvm.sym import Analyzer
 
     if isinstance(expr, int):
         return expr
     if hasattr(expr, "value"):
         return int(expr.value)
-    if isinstance(expr, tvm.tirx.Var):
-        return int(dims.get(expr.name, 1))
-    ops = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
-           "FloorDiv": lambda a, b: a // b, "FloorMod": lambda a, b: a % b,
-           "Div": lambda a, b: a // b, "Mod": lambda a, b: a % b, "Max": max, "Min": min}
-    kind = type(expr).__name__
-    if kind in ops:
-        return int(ops[kind](_dim_value(expr.a, dims), _dim_value(expr.b, dims)))
-    if kind == "Cast":
-        return _dim_value(expr.value, dims)
-    return int(expr)
+    analyzer = Analyzer()
+    for var in tirx.analysis.undefined_vars(expr):
+        if var.name not in dims:
+            unknown.add(var.name)
+        # a scalar tirx.Var carries its dtype in its type (`.dtype` is for buffer vars)
+        dtype = str(getattr(var.ty, "dtype", "int64"))
+        analyzer.bind(var, tirx.const(int(dims.get(var.name, 1)), dtype))
+    value = analyzer.simplify(expr)
+    if hasattr(value, "value"):
+        return int(value.value)
+    unknown.add(str(expr))
+    return 1
 
 
-def _buffer_bytes(buf, dims: dict[str, int]) -> float:
+def _buffer_bytes(buf, dims: dict[str, int], unknown: set[str]) -> float:
     import tvm
 
     n = 1
     for s in buf.shape:
-        n *= _dim_value(s, dims)
+        n *= max(_dim_value(s, dims, unknown), 0)
     dt = tvm.DataType(str(buf.dtype))
     return float(n * ((dt.bits * dt.lanes + 7) // 8))
 
 
 def _is_buffer(param) -> bool:
+    """A buffer parameter, not a scalar (a symbolic dim passed as call_tir's tir_vars)."""
     try:
         param.shape
-    except AttributeError:
+    except Exception:  # noqa: BLE001 - TVM raises AttributeError or its own error by version
         return False
     return True
 
@@ -114,10 +127,11 @@ def analyze_module(fused_mod, ops_by_kernel: dict[str, list[str]],
         total = weight = floats = 0.0
         const_2d_float = 0
         in_dtypes = []
+        unknown: set[str] = set()
         for idx, buf in enumerate(params):
             if not _is_buffer(buf):
                 continue  # a symbolic dim passed as a scalar (call_tir's tir_vars)
-            b = _buffer_bytes(buf, dims)
+            b = _buffer_bytes(buf, dims, unknown)
             total += b
             if _is_float(buf.dtype):
                 floats += b
@@ -128,11 +142,16 @@ def analyze_module(fused_mod, ops_by_kernel: dict[str, list[str]],
                     if len(buf.shape) == 2 and str(buf.dtype) == "float32":
                         const_2d_float += 1
         ops = ops_by_kernel.get(gv.name_hint, [gv.name_hint])
-        flops = float(estimate_tir_flops(_tvm_mod_of(func, gv.name_hint)))
+        try:
+            flops = float(estimate_tir_flops(_tvm_mod_of(func, gv.name_hint)))
+        except Exception:  # noqa: BLE001 - a loop nest TVM's estimator cannot count
+            flops = 0.0
+            unknown.add("flops")
         is_mm = any(o.startswith("matmul") for o in ops)
         integer = is_mm and any(d.startswith(("int", "uint")) for d in in_dtypes)
         out.append(KernelPlan(gv.name_hint, ops, flops, total, weight, floats, integer,
-                              is_mm and const_2d_float == 1 and not integer))
+                              is_mm and const_2d_float == 1 and not integer,
+                              unknown=sorted(unknown)))
     return out
 
 
@@ -143,9 +162,11 @@ def _tvm_mod_of(func, name):
 
 
 def _symbolic_dims(mod) -> list[str]:
+    """The model's named dims: symbolic vars of `main`'s parameters (others are run-time sizes)."""
     from tvm import relax
 
-    return sorted({v.name for v in relax.analysis.defined_symbolic_vars(mod["main"])})
+    return sorted({v.name for p in mod["main"].params
+                   for v in relax.analysis.definable_tir_vars_in_type(p.ty)})
 
 
 def make_plan(fused_mod, hw: HardwareTarget, precision: str = "auto",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .artifact import Artifact, read_artifact
-from ..errors import ArtifactError, ShapeError
+from ..errors import ArtifactError, RunError, ShapeError
 from ..frontend.narrow_types import by_name, contiguous, from_carrier, np_dtype, to_carrier
 from ..frontend.onnx_model import TensorInfo
 from ..targets.registry import check_host_can_run
@@ -88,9 +88,17 @@ class LoadedModel:
         """Run once on numpy inputs; returns outputs by name."""
         if check:
             check_inputs(self.inputs, feeds)
-        result = self.run_device(self.to_device(feeds))
-        return {o.name: from_carrier(arr, o.dtype)
-                for o, arr in zip(self.outputs, flatten_result(result))}
+        try:
+            result = self.run_device(self.to_device(feeds))
+        except Exception as err:  # the VM's own checks (a run-time shape or value it refuses)
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+            shapes = ", ".join(f"{k}{list(np.shape(v))}" for k, v in feeds.items())
+            raise RunError(f"running the model on inputs {shapes} failed: {reason}") from err
+        arrays = flatten_result(result)
+        if len(arrays) != len(self.outputs):
+            raise RunError(f"the model returned {len(arrays)} arrays, its manifest lists "
+                           f"{len(self.outputs)} outputs")
+        return {o.name: from_carrier(arr, o.dtype) for o, arr in zip(self.outputs, arrays)}
 
 
 def flatten_result(result) -> list[np.ndarray]:
