@@ -20,8 +20,10 @@ def _sig(infos) -> str:
 
 
 def print_model_info(info) -> None:
-    console.print(f"[bold]{info.path}[/]  opset {info.opset}, IR v{info.ir_version}"
-                  + (f", from {info.producer}" if info.producer else ""))
+    kind = (f"opset {info.opset}, IR v{info.ir_version}" if info.format == "onnx"
+            else info.format)
+    console.print(f"[bold]{escape(info.path)}[/]  {kind}"
+                  + (f", from {escape(info.producer)}" if info.producer else ""))
     console.print(f"  inputs:  {_sig(info.inputs)}")
     console.print(f"  outputs: {_sig(info.outputs)}")
     console.print(f"  nodes: {info.node_count}   parameters: {_si(info.parameter_count)} "
@@ -72,9 +74,10 @@ def print_compile_result(result) -> None:
     if tuning.get("database"):
         console.print(f"  tuning db: {tuning['database']} (hit rate {tuning.get('hit_rate', 0):.0%})")
     if result.verification is not None:
+        ref = "torch" if m["model"].get("format") == "torch.export" else "onnxruntime"
         for e in result.verification:
-            console.print(f"  verify {e.name}: max abs err {e.max_abs:.2e}, max rel err "
-                          f"{e.max_rel:.2e} vs onnxruntime [green]ok[/]")
+            console.print(f"  verify {escape(e.name)}: max abs err {e.max_abs:.2e}, max rel err "
+                          f"{e.max_rel:.2e} vs {ref} [green]ok[/]")
 
 
 def print_outputs(outs: dict, path: str | None) -> None:

@@ -29,10 +29,9 @@ def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False
         (IRModule after fusion, ImportedModel)
     """
     from .. import pipeline
-    from ..frontend.importer import import_onnx
-    from ..frontend.onnx_model import load_onnx
+    from ..frontend.model_file import import_model
 
-    imported = import_onnx(load_onnx(model_path), shapes)
+    imported = import_model(model_path, shapes)
     target = hw.to_tvm()
     mod = pipeline.optimize(imported.mod, target,
                             pipeline.PipelineConfig(weight_prepack=weight_prepack, channels_last=False),
@@ -97,7 +96,7 @@ class TuneOptions:
     """What `tvmopt tune` needs.
 
     Attributes:
-        model: path to the .onnx file.
+        model: path to the .onnx file or torch.export program (.pt2).
         target: target name or alias.
         trials: total trial budget for the database (records already in it count).
         db: database folder (default: schedules/<model stem>/<target name>/).
