@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from .console import console
+from .console import console, fitted_table
 
 
 def _si(n: float, unit: str = "") -> str:
@@ -106,17 +106,18 @@ def _peak_cell(t, dtype: str) -> str:
 
 
 def print_targets(targets) -> None:
-    t = Table(show_edge=False, title="peaks are whole-device (CPU: per-core peak x reference cores)")
-    for col in ("name", "aliases", "device", "arch", "fp32 FLOP/s", "fp16", "bf16", "int8 OP/s",
-                "fp8", "mem GB/s", "fast int8 instr"):
-        t.add_column(col)
+    cols = [(c, "left") for c in ("name", "aliases", "device", "arch", "fp32 FLOP/s", "fp16",
+                                   "bf16", "int8 OP/s", "fp8", "mem GB/s", "fast int8 instr")]
+    rows = []
     for x in targets:
         bw = x.bandwidth_gbs()
-        t.add_row(x.name, ", ".join(x.aliases), x.device, x.arch,
-                  *(_peak_cell(x, d) for d in ("fp32", "fp16", "bf16", "int8", "fp8")),
-                  f"{bw:g}" if bw else "-", (x.fast_instructions("int8") or ("-",))[0])
-    t.add_row("host", "", "cpu", "(detected)", "", "", "", "", "", "", "")
-    console.print(t)
+        rows.append([x.name, ", ".join(x.aliases), x.device, x.arch,
+                     *(_peak_cell(x, d) for d in ("fp32", "fp16", "bf16", "int8", "fp8")),
+                     f"{bw:g}" if bw else "-", (x.fast_instructions("int8") or ("-",))[0]])
+    rows.append(["host", "", "cpu", "(detected)", "", "", "", "", "", "", ""])
+    console.print(fitted_table(cols, rows, ("fp8", "bf16", "fast int8 instr", "aliases"),
+                               title="peaks are whole-device (CPU: per-core peak x reference "
+                                     "cores)"))
 
 
 def print_target(t) -> None:
@@ -142,14 +143,19 @@ def print_plan(p, model: str) -> None:
                   + (f", dims {dims}" if dims else "") + f": precision {p.requested} -> "
                   f"[bold]{p.precision}[/]")
     console.print("  ridge point (FLOP/B): " + ", ".join(f"{k} {v:.1f}" for k, v in p.ridge.items()))
-    t = Table(show_edge=False)
-    for col in ("kernel", "ops", "FLOPs", "bytes", "FLOP/B", "bound", "precision", "pred us", "why"):
-        t.add_column(col, justify="right" if col in ("FLOPs", "bytes", "FLOP/B", "pred us") else "left")
+    cols = [(c, "right" if c in ("FLOPs", "bytes", "FLOP/B", "pred us") else "left")
+            for c in ("kernel", "ops", "FLOPs", "bytes", "FLOP/B", "bound", "precision",
+                      "pred us", "why")]
+    rows = []
     for k in p.kernels:
         ai = "inf" if k.intensity == float("inf") else f"{k.intensity:.2f}"
-        t.add_row(escape(k.name[:32]), escape(",".join(k.ops)[:28]), _si(k.flops), _si(k.bytes, "B"),
-                  ai, k.bound, k.precision, f"{k.time_us:.3f}", escape(k.why))
-    console.print(t)
+        rows.append([escape(k.name[:32]), escape(",".join(k.ops)[:28]), _si(k.flops),
+                     _si(k.bytes, "B"), ai, k.bound, k.precision, f"{k.time_us:.3f}",
+                     escape(k.why)])
+    # one precision throughout is in the header line already
+    same = len({k.precision for k in p.kernels}) <= 1
+    console.print(fitted_table(cols, rows, drop_order=("why", "ops", "bytes")
+                               + (("precision",) if same else ())))
     console.print(f"  kernels: {p.kernels_before_fusion} before fusion -> {p.kernels_after_fusion} "
                   f"after; predicted latency {p.predicted_ms:.4f} ms (fp32 {p.predicted_fp32_ms:.4f} ms; "
                   "roofline only: no launch or framework overhead)")

@@ -12,6 +12,7 @@ import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import stage
 from ..errors import ArtifactError, ShapeError, TvmoptError
 from .runner import BaselineUnavailable
 
@@ -172,6 +173,7 @@ def _make_baselines(opts, model, factory, log) -> tuple[list, dict]:
             status[name] = ("unavailable: the artifact's model was not found beside it or among "
                             "the bundled models (pass --model)")
             continue
+        stage.enter(f"baseline {name}", model)
         try:
             if name == "ort":
                 runners.append(OrtRunner(model, factory, opts.threads))
@@ -264,6 +266,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
                 except (BaselineUnavailable, TvmoptError) as err:
                     warnings.append(f"{br.name} skipped at batch {b}: {err}")
             log(f"closed loop: batch {b}, {', '.join(r.name for r in runners)}")
+            stage.enter(f"closed loop, batch {b}")
             results = measure(runners, clock, b, warmup=opts.warmup, runs=opts.runs,
                               max_seconds=opts.max_seconds)
             rows += [res.to_json() for res in results]
@@ -285,6 +288,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
             b0 = opts.batches[0]
             r0 = tvm_runner(b0)
             log(f"per-kernel profile: batch {b0}")
+            stage.enter("per-kernel profile")
             doc["profile"] = kernel_profile(r0.lm, r0.device_args(b0), top=opts.profile_top)
             doc["profile"]["batch"] = b0
 
@@ -296,6 +300,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
 
             b0 = opts.batches[0]
             log(f"soak: batch {b0} for {opts.soak:g} s")
+            stage.enter("soak")
             doc["soak"] = soak(tvm_runner(b0), clock, b0, opts.soak)
             if doc["soak"]["leak_suspected"]:
                 warnings.append(f"soak: RSS grew {doc['soak']['rss_growth']:.1%} and kept "
@@ -311,6 +316,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
         b0 = opts.batches[0]
         p = arts[None] if None in arts else arts[b0]
         log("cold start: fresh process")
+        stage.enter("cold start")
         doc["cold_start"] = cold_start(p, factory.dims(b0) if None in arts else {})
         doc["cold_start"]["batch"] = b0
     return doc
@@ -337,6 +343,7 @@ def _load_test(opts, loaded, factory, clock, log, warnings) -> dict:
     log(f"load test: {opts.load}, {len(reqs)} requests over {opts.duration:g} s, "
         f"max batch {opts.max_batch}, max wait {opts.max_wait_ms:g} ms")
     runner = ArtifactRunner(loaded[None], factory)
+    stage.enter("load test")
     res = serve(runner, clock, reqs, policy, size_is_items=size_is_items,
                 drain_s=max(2.0, opts.duration / 2), duration=opts.duration)
     summary = res.summary()

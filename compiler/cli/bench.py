@@ -67,6 +67,7 @@ def _name_list(ctx, param, value) -> list[str]:
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write a flat CSV.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of plots.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
+@options.wide()
 def bench(path, model, target, output, shapes, batches, runs, warmup, max_seconds, baselines,
           threads, load, rate, duration, burst, sizes, max_batch, max_wait_ms, timeout_ms,
           max_queue, soak, profile_top, no_coldstart, seed, json_path, csv_path, plot_path, quiet):

@@ -12,6 +12,7 @@ from . import options
 @click.command()
 @options.model_argument()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@options.wide()
 def inspect(model, as_json):
     """Describe MODEL (.onnx, or a torch.export .pt2): format, inputs/outputs, ops, parameters,
     FLOPs, unsupported ops."""
