@@ -59,7 +59,8 @@ class _Group(click.Group):
 @click.option("-v", "--verbose", is_flag=True,
               help="Show TVM's own (C++) log lines on stderr; TVMOPT_DEBUG=1 shows them too.")
 def main(verbose):
-    """tvmopt: compile ONNX models with Apache TVM (Relax), tuned and verified per target."""
+    """tvmopt: compile ONNX models and torch.export programs with Apache TVM (Relax), tuned
+    and verified per target."""
 
 
 # Registered here, so command modules never import this one (nor each other).
