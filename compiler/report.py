@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from .console import console
+from .console import console, fitted_table
 
 
 def _si(n: float, unit: str = "") -> str:
@@ -20,8 +20,10 @@ def _sig(infos) -> str:
 
 
 def print_model_info(info) -> None:
-    console.print(f"[bold]{info.path}[/]  opset {info.opset}, IR v{info.ir_version}"
-                  + (f", from {info.producer}" if info.producer else ""))
+    kind = (f"opset {info.opset}, IR v{info.ir_version}" if info.format == "onnx"
+            else info.format)
+    console.print(f"[bold]{escape(info.path)}[/]  {kind}"
+                  + (f", from {escape(info.producer)}" if info.producer else ""))
     console.print(f"  inputs:  {_sig(info.inputs)}")
     console.print(f"  outputs: {_sig(info.outputs)}")
     console.print(f"  nodes: {info.node_count}   parameters: {_si(info.parameter_count)} "
@@ -72,9 +74,10 @@ def print_compile_result(result) -> None:
     if tuning.get("database"):
         console.print(f"  tuning db: {tuning['database']} (hit rate {tuning.get('hit_rate', 0):.0%})")
     if result.verification is not None:
+        ref = "torch" if m["model"].get("format") == "torch.export" else "onnxruntime"
         for e in result.verification:
-            console.print(f"  verify {e.name}: max abs err {e.max_abs:.2e}, max rel err "
-                          f"{e.max_rel:.2e} vs onnxruntime [green]ok[/]")
+            console.print(f"  verify {escape(e.name)}: max abs err {e.max_abs:.2e}, max rel err "
+                          f"{e.max_rel:.2e} vs {ref} [green]ok[/]")
 
 
 def print_outputs(outs: dict, path: str | None) -> None:
@@ -103,17 +106,18 @@ def _peak_cell(t, dtype: str) -> str:
 
 
 def print_targets(targets) -> None:
-    t = Table(show_edge=False, title="peaks are whole-device (CPU: per-core peak x reference cores)")
-    for col in ("name", "aliases", "device", "arch", "fp32 FLOP/s", "fp16", "bf16", "int8 OP/s",
-                "fp8", "mem GB/s", "fast int8 instr"):
-        t.add_column(col)
+    cols = [(c, "left") for c in ("name", "aliases", "device", "arch", "fp32 FLOP/s", "fp16",
+                                   "bf16", "int8 OP/s", "fp8", "mem GB/s", "fast int8 instr")]
+    rows = []
     for x in targets:
         bw = x.bandwidth_gbs()
-        t.add_row(x.name, ", ".join(x.aliases), x.device, x.arch,
-                  *(_peak_cell(x, d) for d in ("fp32", "fp16", "bf16", "int8", "fp8")),
-                  f"{bw:g}" if bw else "-", (x.fast_instructions("int8") or ("-",))[0])
-    t.add_row("host", "", "cpu", "(detected)", "", "", "", "", "", "", "")
-    console.print(t)
+        rows.append([x.name, ", ".join(x.aliases), x.device, x.arch,
+                     *(_peak_cell(x, d) for d in ("fp32", "fp16", "bf16", "int8", "fp8")),
+                     f"{bw:g}" if bw else "-", (x.fast_instructions("int8") or ("-",))[0]])
+    rows.append(["host", "", "cpu", "(detected)", "", "", "", "", "", "", ""])
+    console.print(fitted_table(cols, rows, ("fp8", "bf16", "fast int8 instr", "aliases"),
+                               title="peaks are whole-device (CPU: per-core peak x reference "
+                                     "cores)"))
 
 
 def print_target(t) -> None:
@@ -139,18 +143,24 @@ def print_plan(p, model: str) -> None:
                   + (f", dims {dims}" if dims else "") + f": precision {p.requested} -> "
                   f"[bold]{p.precision}[/]")
     console.print("  ridge point (FLOP/B): " + ", ".join(f"{k} {v:.1f}" for k, v in p.ridge.items()))
-    t = Table(show_edge=False)
-    for col in ("kernel", "ops", "FLOPs", "bytes", "FLOP/B", "bound", "precision", "pred us", "why"):
-        t.add_column(col, justify="right" if col in ("FLOPs", "bytes", "FLOP/B", "pred us") else "left")
+    cols = [(c, "right" if c in ("FLOPs", "bytes", "FLOP/B", "pred us") else "left")
+            for c in ("kernel", "ops", "FLOPs", "bytes", "FLOP/B", "bound", "precision",
+                      "pred us", "why")]
+    rows = []
     for k in p.kernels:
         ai = "inf" if k.intensity == float("inf") else f"{k.intensity:.2f}"
         if k.unknown:  # sizes decided at run time: no estimate to show
-            t.add_row(escape(k.name[:32]), escape(",".join(k.ops)[:28]), "unknown", "unknown",
-                      "unknown", "unknown", k.precision, "unknown", escape(k.why))
+            rows.append([escape(k.name[:32]), escape(",".join(k.ops)[:28]), "unknown",
+                         "unknown", "unknown", "unknown", k.precision, "unknown",
+                         escape(k.why)])
             continue
-        t.add_row(escape(k.name[:32]), escape(",".join(k.ops)[:28]), _si(k.flops), _si(k.bytes, "B"),
-                  ai, k.bound, k.precision, f"{k.time_us:.3f}", escape(k.why))
-    console.print(t)
+        rows.append([escape(k.name[:32]), escape(",".join(k.ops)[:28]), _si(k.flops),
+                     _si(k.bytes, "B"), ai, k.bound, k.precision, f"{k.time_us:.3f}",
+                     escape(k.why)])
+    # one precision throughout is in the header line already
+    same = len({k.precision for k in p.kernels}) <= 1
+    console.print(fitted_table(cols, rows, drop_order=("why", "ops", "bytes")
+                               + (("precision",) if same else ())))
     console.print(f"  kernels: {p.kernels_before_fusion} before fusion -> {p.kernels_after_fusion} "
                   f"after; predicted latency {p.predicted_ms:.4f} ms (fp32 {p.predicted_fp32_ms:.4f} ms; "
                   "roofline only: no launch or framework overhead)")

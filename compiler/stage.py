@@ -2,7 +2,8 @@
 
 `enter(stage, detail)` writes the current stage to the file the supervising CLI process named
 in TVMOPT_STAGE_FILE (nothing happens without it, so the Python API is unaffected). The parent
-reads it when the child dies by a signal and names the stage in its one line.
+reads it when the child dies by a signal and names the stage in its one line. Listeners (the
+CLI's progress line) are told of each stage too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,17 @@ DEBUG_CRASH = "TVMOPT_DEBUG_CRASH"
 
 
 _detail = ""
+_listeners: list = []
+
+
+def listen(fn) -> None:
+    """Call `fn(stage, detail)` on every enter() until unlisten(fn)."""
+    _listeners.append(fn)
+
+
+def unlisten(fn) -> None:
+    if fn in _listeners:
+        _listeners.remove(fn)
 
 
 def enter(stage: str, detail: str | None = None) -> None:
@@ -30,6 +42,8 @@ def enter(stage: str, detail: str | None = None) -> None:
                 f.write(f"{stage}\t{detail}")
         except OSError:
             pass
+    for fn in list(_listeners):
+        fn(stage, detail)
     if os.environ.get(DEBUG_CRASH) == stage:
         import ctypes
 

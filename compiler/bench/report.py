@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from ..console import console
+from ..console import console, fitted_table
 
 _STAT_COLS = ("min_ms", "mean_ms", "std_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms",
               "max_ms")
@@ -34,28 +34,31 @@ def print_bench(doc: dict) -> None:
         console.print(f"  baseline {name}: {escape(st)}")
 
     # two narrow tables rather than one that wraps in an 80-column terminal
-    t = Table(title="closed-loop latency, ms (warm-up excluded)", show_edge=False)
-    for col in ("runner", "batch", "warm-up", "min", "mean", "P50", "P90", "P95", "P99",
-                "P99.9", "max"):
-        t.add_column(col, justify="left" if col == "runner" else "right")
+    cols = [(c, "left" if c == "runner" else "right")
+            for c in ("runner", "batch", "warm-up", "min", "mean", "P50", "P90", "P95", "P99",
+                      "P99.9", "max")]
+    rows = []
     for r in doc["closed_loop"]:
         s, w = r["steady"], r["warmup"]
-        t.add_row(r["runner"], str(r["batch"]), f"{w['mean_ms']:.2f}" if w else "-",
-                  *[f"{s[k]:.2f}" for k in ("min_ms", "mean_ms", "p50_ms", "p90_ms", "p95_ms",
-                                             "p99_ms", "p999_ms", "max_ms")])
-    console.print(t)
-    t = Table(title="spread, throughput, ratio to onnxruntime (same batch, same run)",
-              show_edge=False)
-    for col in ("runner", "batch", "n", "std ms", "CV", "samples/s", "mean/ort", "P50/ort",
-                "P99/ort", "samples/s/ort"):
-        t.add_column(col, justify="left" if col == "runner" else "right")
+        rows.append([r["runner"], str(r["batch"]), f"{w['mean_ms']:.2f}" if w else "-",
+                     *[f"{s[k]:.2f}" for k in ("min_ms", "mean_ms", "p50_ms", "p90_ms",
+                                                "p95_ms", "p99_ms", "p999_ms", "max_ms")]])
+    console.print(fitted_table(cols, rows, ("P99.9", "P90", "warm-up", "min", "max"),
+                               title="closed-loop latency, ms (warm-up excluded)"))
+    cols = [(c, "left" if c == "runner" else "right")
+            for c in ("runner", "batch", "n", "std ms", "CV", "samples/s", "mean/ort", "P50/ort",
+                      "P99/ort", "samples/s/ort")]
+    rows = []
     for r in doc["closed_loop"]:
         s = r["steady"]
-        t.add_row(r["runner"], str(r["batch"]), str(s["n"]), f"{s['std_ms']:.2f}",
-                  ("[yellow]" if s["noisy"] else "") + f"{s['cv']:.1%}",
-                  f"{s['throughput']:.1f}", _ratio(r, "mean_ms"), _ratio(r, "p50_ms"),
-                  _ratio(r, "p99_ms"), _ratio(r, "throughput"))
-    console.print(t)
+        rows.append([r["runner"], str(r["batch"]), str(s["n"]), f"{s['std_ms']:.2f}",
+                     ("[yellow]" if s["noisy"] else "") + f"{s['cv']:.1%}",
+                     f"{s['throughput']:.1f}", _ratio(r, "mean_ms"), _ratio(r, "p50_ms"),
+                     _ratio(r, "p99_ms"), _ratio(r, "throughput")])
+    console.print(fitted_table(cols, rows, ("samples/s/ort", "P99/ort", "std ms", "n",
+                                            "P50/ort"),
+                               title="spread, throughput, ratio to onnxruntime (same batch, "
+                                     "same run)"))
     if doc.get("profile"):
         p = doc["profile"]
         t = Table(title=f"per-kernel profile (batch {p['batch']}, top {len(p['kernels'])} of "
@@ -99,26 +102,26 @@ def _print_load(ld: dict) -> None:
                   + f"; max batch {pol['max_batch']}, max wait {pol['max_wait_s'] * 1e3:g} ms, "
                   + (f"timeout {pol['timeout_s'] * 1e3:g} ms, " if pol["timeout_s"] else "no timeout, ")
                   + f"queue {pol['max_queue']}")
-    t = Table(show_edge=False)
-    for col in ("requests", "completed", "dropped", "timed out", "offered/s", "achieved/s",
-                "items/s", "utilization", "batches", "mean batch"):
-        t.add_column(col, justify="right")
-    t.add_row(str(s["requests"]), str(s["completed"]), str(s["dropped"]), str(s["timed_out"]),
-              f"{s['offered_rate']:.1f}", f"{s['achieved_rate']:.1f}",
-              f"{s['achieved_items_per_s']:.1f}", f"{s['utilization']:.0%}", str(s["batches"]),
-              f"{s['mean_batch_items']:.2f}")
-    console.print(t)
+    cols = [(c, "right") for c in ("requests", "completed", "dropped", "timed out", "offered/s",
+                                    "achieved/s", "items/s", "utilization", "batches",
+                                    "mean batch")]
+    row = [str(s["requests"]), str(s["completed"]), str(s["dropped"]), str(s["timed_out"]),
+           f"{s['offered_rate']:.1f}", f"{s['achieved_rate']:.1f}",
+           f"{s['achieved_items_per_s']:.1f}", f"{s['utilization']:.0%}", str(s["batches"]),
+           f"{s['mean_batch_items']:.2f}"]
+    console.print(fitted_table(cols, [row], ("items/s", "batches", "mean batch", "timed out",
+                                             "utilization")))
     if s["latency"]:
-        t = Table(title="end-to-end latency (queueing + compute), ms", show_edge=False)
-        for col in ("", "min", "mean", "P50", "P90", "P95", "P99", "P99.9", "max"):
-            t.add_column(col, justify="right")
-        for name, st in (("end-to-end", s["latency"]), ("queue wait", s["queue_wait"])):
-            t.add_row(name, *[f"{st[k]:.2f}" for k in ("min_ms", "mean_ms", "p50_ms", "p90_ms",
-                                                        "p95_ms", "p99_ms", "p999_ms", "max_ms")])
+        cols = [(c, "right") for c in ("", "min", "mean", "P50", "P90", "P95", "P99", "P99.9",
+                                       "max")]
+        rows = [[name, *[f"{st[k]:.2f}" for k in ("min_ms", "mean_ms", "p50_ms", "p90_ms",
+                                                   "p95_ms", "p99_ms", "p999_ms", "max_ms")]]
+                for name, st in (("end-to-end", s["latency"]), ("queue wait", s["queue_wait"]))]
         for label, b in s["by_size"].items():
-            t.add_row(f"size {escape(label)} ({b['completed']})", "", "", f"{b['p50_ms']:.2f}", "",
-                      "", f"{b['p99_ms']:.2f}", "", "")
-        console.print(t)
+            rows.append([f"size {escape(label)} ({b['completed']})", "", "", f"{b['p50_ms']:.2f}",
+                         "", "", f"{b['p99_ms']:.2f}", "", ""])
+        console.print(fitted_table(cols, rows, ("P99.9", "P90", "min"),
+                                   title="end-to-end latency (queueing + compute), ms"))
     g = s["queueing_growth"]
     if g["first_third_mean_ms"] is not None:
         console.print(f"  latency first third {g['first_third_mean_ms']:.1f} ms -> last third "

@@ -1,7 +1,7 @@
 """What the harness times: a `Runner` does one synchronous inference of a given batch.
 
-Real runners (the tvmopt artifact, onnxruntime, PyTorch eager / torch.compile through onnx2torch)
-share one `InputFactory`, so every runner sees the same arrays for the same (batch, size).
+Real runners (the tvmopt artifact, onnxruntime, PyTorch eager / torch.compile on a torch.export
+program, or on an ONNX model through onnx2torch when it is installed) share one `InputFactory`, so every runner sees the same arrays for the same (batch, size).
 `FakeRunner` has fixed, known service times and advances a `SimClock`, which makes every figure
 the harness computes exactly predictable in tests.
 """
@@ -112,8 +112,12 @@ class OrtRunner:
     """onnxruntime, CPU execution provider, intra-op threads = `threads`."""
 
     def __init__(self, model_path: str, factory: InputFactory, threads: int):
+        from ..frontend.torch_program import is_torch_program
         from ..runtime.verify import ort_session
 
+        if is_torch_program(model_path):
+            raise BaselineUnavailable("onnxruntime runs ONNX models; this is a torch.export "
+                                      "program (bench its .onnx export for this baseline)")
         self.name = "onnxruntime"
         self.factory = factory
         self.sess = ort_session(str(model_path), threads=threads)
@@ -125,12 +129,17 @@ class OrtRunner:
         self.sess.run(None, self.factory.feeds(batch, size))
 
 
+# onnx2torch is not a dependency: it requires torchvision, which cannot load beside the CPU torch
+# tvmopt pins and then breaks transformers too. Installed without its dependencies it works.
+ONNX2TORCH_HINT = "pip install --no-deps onnx2torch==1.5.15"
+
+
 def _import_onnx2torch():
     """Import onnx2torch, which imports torchvision only for its NMS and RoiAlign converters.
 
-    The torchvision wheel on PyPI is a CUDA build that cannot load next to the CPU torch these
-    machines use; when it does not import, those two converters are given a stand-in that
-    raises on use, so every other model still converts and an NMS model fails loudly.
+    Without a torchvision that loads (none installed, or PyPI's CUDA build beside the CPU
+    torch), those two converters are given a stand-in that raises on use, so every other model
+    still converts and an NMS model fails loudly.
     """
     try:
         import torchvision  # noqa: F401
@@ -150,36 +159,50 @@ def _import_onnx2torch():
     try:
         import onnx2torch
     except ImportError as err:
-        raise BaselineUnavailable(f"onnx2torch is not installed ({err})") from None
+        raise BaselineUnavailable(f"the torch baseline of an ONNX model needs onnx2torch, which "
+                                  f"is not installed ({ONNX2TORCH_HINT} adds it without "
+                                  "torchvision); a .pt2 model needs nothing more") from None
     return onnx2torch
 
 
+def _torch_module(model_path: str):
+    """The torch module a torch baseline runs (a .pt2 program's own module, or the ONNX model
+    converted by onnx2torch) and how to call it with the inputs as one flat list."""
+    from ..frontend.torch_program import flat_callable, is_torch_program, load_program
+
+    if is_torch_program(model_path):
+        ep = load_program(model_path)
+        return ep.module(), lambda module: flat_callable(ep, module)
+    from ..frontend.onnx_model import load_onnx
+
+    onnx2torch = _import_onnx2torch()
+    try:
+        return onnx2torch.convert(load_onnx(model_path)).eval(), lambda module: module
+    except ModelError:
+        raise
+    except Exception as err:
+        raise BaselineUnavailable(f"onnx2torch cannot convert {model_path}: "
+                                  f"{type(err).__name__}: {str(err).strip()[:160]}") from None
+
+
 class TorchRunner:
-    """PyTorch eager, or torch.compile, on the ONNX model converted by onnx2torch."""
+    """PyTorch eager, or torch.compile, on a torch.export program's module, or on an ONNX model
+    converted by onnx2torch."""
 
     def __init__(self, model_path: str, factory: InputFactory, threads: int,
                  compiled: bool = False):
         import torch
 
-        from ..frontend.onnx_model import load_onnx
-
         self.name = "torch.compile" if compiled else "torch"
         self.factory = factory
         self.compiled = compiled
         torch.set_num_threads(threads)
-        onnx2torch = _import_onnx2torch()
-        try:
-            module = onnx2torch.convert(load_onnx(model_path)).eval()
-        except ModelError:
-            raise
-        except Exception as err:
-            raise BaselineUnavailable(f"onnx2torch cannot convert {model_path}: "
-                                      f"{type(err).__name__}: {str(err).strip()[:160]}") from None
+        module, flat = _torch_module(model_path)
         self.module = module
-        self.fn = module
+        self.fn = flat(module)
         if compiled:
             try:
-                self.fn = torch.compile(module, dynamic=True)
+                self.fn = flat(torch.compile(module, dynamic=True))
             except Exception as err:
                 raise BaselineUnavailable(f"torch.compile failed: {type(err).__name__}: "
                                           f"{str(err).strip()[:160]}") from None

@@ -12,6 +12,7 @@ import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import stage
 from ..errors import ArtifactError, ShapeError, TvmoptError
 from .runner import BaselineUnavailable
 
@@ -29,8 +30,8 @@ class BenchOptions:
     """Everything `tvmopt bench` needs (validated on construction).
 
     Attributes:
-        path: an artifact folder, or an .onnx model (compiled first).
-        model: the .onnx for baselines when `path` is an artifact.
+        path: an artifact folder, or a model (.onnx or a torch.export .pt2; compiled first).
+        model: the model for baselines when `path` is an artifact.
         target: compile target when `path` is a model.
         output: where compiled artifacts go (default tvmopt-out/bench/<stem>).
         shapes: --shape overrides for compiling ('NAME=1x3x96x96').
@@ -97,7 +98,9 @@ class BenchOptions:
 
     @property
     def is_model(self) -> bool:
-        return Path(self.path).suffix.lower() == ".onnx"
+        from ..frontend.model_file import is_model_file
+
+        return is_model_file(self.path)
 
 
 # ------------------------------------------------------------------------------------ artifacts
@@ -117,7 +120,7 @@ def resolve_artifacts(opts: BenchOptions, log) -> tuple[dict, str | None]:
     batch with --shape (its other dims kept).
     """
     from ..runtime.artifact import read_artifact
-    from ..frontend.onnx_model import graph_inputs, load_onnx
+    from ..frontend.model_file import model_inputs
 
     if not opts.is_model:
         art = read_artifact(opts.path)
@@ -125,7 +128,7 @@ def resolve_artifacts(opts: BenchOptions, log) -> tuple[dict, str | None]:
     model = opts.path
     stem = Path(model).stem
     out = Path(opts.output or f"tvmopt-out/bench/{stem}")
-    infos = graph_inputs(load_onnx(model))
+    infos = model_inputs(model)
     first = infos[0].shape[0] if infos and infos[0].shape else None
     fixed = any(s.split("=", 1)[0] == infos[0].name for s in opts.shapes) if infos else False
     if isinstance(first, str) and not fixed:
@@ -148,7 +151,7 @@ def resolve_artifacts(opts: BenchOptions, log) -> tuple[dict, str | None]:
 
 
 def _find_model(entry: dict, artifact_path: str) -> str | None:
-    """The .onnx an artifact was compiled from: beside the artifact or a bundled model, matched
+    """The model an artifact was compiled from: beside the artifact or a bundled model, matched
     by the sha256 in the manifest (a same-named but different file is not used)."""
     from ..models import bundled
     from ..frontend.onnx_model import sha256_file
@@ -167,14 +170,16 @@ def _make_baselines(opts, model, factory, log) -> tuple[list, dict]:
     runners, status = [], {}
     for name in opts.baselines:
         if model is None:
-            status[name] = ("unavailable: the artifact's .onnx was not found beside it or among "
+            status[name] = ("unavailable: the artifact's model was not found beside it or among "
                             "the bundled models (pass --model)")
             continue
+        stage.enter(f"baseline {name}", model)
         try:
             if name == "ort":
                 runners.append(OrtRunner(model, factory, opts.threads))
             else:
-                log(f"converting {Path(model).name} with onnx2torch for {name}")
+                if Path(model).suffix.lower() == ".onnx":
+                    log(f"converting {Path(model).name} with onnx2torch for {name}")
                 runners.append(TorchRunner(model, factory, opts.threads,
                                            compiled=(name == "torch.compile")))
             status[name] = "ok"
@@ -233,13 +238,13 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
         return ArtifactRunner(lm, InputFactory(lm.inputs, seed=opts.seed) if None not in loaded
                               else factory)
 
-    # baselines take inputs from the .onnx's own signature: a model compiled per static batch
+    # baselines take inputs from the model's own signature: a model compiled per static batch
     # (--shape) may still be symbolic in batch for onnxruntime and torch
     base_factory = factory
     if model is not None and opts.baselines:
-        from ..frontend.onnx_model import graph_inputs, load_onnx
+        from ..frontend.model_file import model_inputs
 
-        base_factory = InputFactory(graph_inputs(load_onnx(model)), seed=opts.seed)
+        base_factory = InputFactory(model_inputs(model), seed=opts.seed)
     if doc["device"] == "cpu" and doc["host"]["tvm_threads"] != opts.threads:
         warnings.append(f"TVM's thread pool runs {doc['host']['tvm_threads']} threads, the "
                         f"baselines {opts.threads} (TVM_NUM_THREADS is "
@@ -261,6 +266,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
                 except (BaselineUnavailable, TvmoptError) as err:
                     warnings.append(f"{br.name} skipped at batch {b}: {err}")
             log(f"closed loop: batch {b}, {', '.join(r.name for r in runners)}")
+            stage.enter(f"closed loop, batch {b}")
             results = measure(runners, clock, b, warmup=opts.warmup, runs=opts.runs,
                               max_seconds=opts.max_seconds)
             rows += [res.to_json() for res in results]
@@ -282,6 +288,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
             b0 = opts.batches[0]
             r0 = tvm_runner(b0)
             log(f"per-kernel profile: batch {b0}")
+            stage.enter("per-kernel profile")
             doc["profile"] = kernel_profile(r0.lm, r0.device_args(b0), top=opts.profile_top)
             doc["profile"]["batch"] = b0
 
@@ -293,6 +300,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
 
             b0 = opts.batches[0]
             log(f"soak: batch {b0} for {opts.soak:g} s")
+            stage.enter("soak")
             doc["soak"] = soak(tvm_runner(b0), clock, b0, opts.soak)
             if doc["soak"]["leak_suspected"]:
                 warnings.append(f"soak: RSS grew {doc['soak']['rss_growth']:.1%} and kept "
@@ -308,6 +316,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
         b0 = opts.batches[0]
         p = arts[None] if None in arts else arts[b0]
         log("cold start: fresh process")
+        stage.enter("cold start")
         doc["cold_start"] = cold_start(p, factory.dims(b0) if None in arts else {})
         doc["cold_start"]["batch"] = b0
     return doc
@@ -334,6 +343,7 @@ def _load_test(opts, loaded, factory, clock, log, warnings) -> dict:
     log(f"load test: {opts.load}, {len(reqs)} requests over {opts.duration:g} s, "
         f"max batch {opts.max_batch}, max wait {opts.max_wait_ms:g} ms")
     runner = ArtifactRunner(loaded[None], factory)
+    stage.enter("load test")
     res = serve(runner, clock, reqs, policy, size_is_items=size_is_items,
                 drain_s=max(2.0, opts.duration / 2), duration=opts.duration)
     summary = res.summary()

@@ -1,4 +1,4 @@
-"""The compile API: ONNX file -> Relax -> optimized, built artifact (+ optional verification)."""
+"""The compile API: ONNX or torch.export file -> Relax -> optimized, built artifact (+ optional verification)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import stage
 from ..errors import BuildError, TvmoptError
-from ..frontend.onnx_model import load_onnx, parse_shapes, sha256_file
+from ..frontend.onnx_model import parse_shapes
 from ..precision.policy import parse as parse_precision
 from ..runtime.verify import Tolerance
 from ..targets.cross import cross_cc
@@ -22,11 +22,11 @@ class CompileOptions:
     """Everything `compile` needs, validated on construction.
 
     Attributes:
-        model: path to the .onnx file.
+        model: path to the .onnx file, or a `torch.export.save`d program (.pt2).
         target: target name or alias from targets/ (or 'host').
         output: artifact folder (default: <model stem>.tvmopt next to the model).
         shapes: --shape overrides, 'NAME=1x3x224x224' strings or parsed dict.
-        verify: compare with onnxruntime after building.
+        verify: compare with the reference after building (onnxruntime; torch for a .pt2).
         tolerance: verification tolerance.
         verify_dims: values for symbolic dims during verification.
         save_temps: folder to dump the IR after each phase (TVMOPT_SAVE_TEMPS).
@@ -100,7 +100,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         TvmoptError: any user-facing failure (model, op, shape, target, build, verification).
     """
     from .. import pipeline
-    from ..frontend.importer import import_onnx, model_opset
+    from ..frontend import model_file
     from ..passes.schedule_guard import take_fallbacks
     from ..precision.plan import make_plan
     from ..precision.rewrites import passes_for
@@ -118,8 +118,8 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         enable_cuda_codegen()
     take_fallbacks()  # start this build's record empty
     stage.enter("import", opts.model)
-    model = load_onnx(opts.model)
-    imported = import_onnx(model, opts.shapes, allow_newer_opset=opts.allow_newer_opset)
+    model = model_file.load(opts.model)
+    imported = model_file.import_loaded(model, opts.shapes, opts.allow_newer_opset)
     timings["import_s"] = time.perf_counter() - t0
 
     target = hw.to_tvm()
@@ -165,10 +165,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         log(f"note: {note}")
 
     manifest = {
-        "model": {"file": Path(opts.model).name, "sha256": sha256_file(opts.model),
-                  "opset": imported.opset,
-                  "declared_opset": model_opset(model),
-                  "allow_newer_opset": opts.allow_newer_opset},
+        "model": model_file.manifest_entry(opts.model, model, imported, opts.allow_newer_opset),
         "kernels": kernels_manifest(cfg, replay),
         "tvm_version": _tvm_version(),
         "target": {"name": hw.name, "device": hw.device, "arch": hw.arch,
@@ -202,7 +199,8 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
 
 
 def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, int] | None = None):
-    """Run artifact and onnxruntime on the same random inputs; raise past tolerance."""
+    """Run artifact and reference (onnxruntime; torch for a .pt2) on the same random inputs;
+    raise past tolerance."""
     from ..runtime import verify
     from ..runtime.artifact import read_artifact, update_manifest
     from ..runtime.loader import load, random_inputs
@@ -211,10 +209,11 @@ def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, i
     lm = load(artifact_path)
     feeds = random_inputs(lm.inputs, dims)
     got = lm.run(feeds)
-    ref = verify.run_onnxruntime(str(model_path), feeds)
-    errors = verify.compare(got, ref, tol)
-    record = {"reference": "onnxruntime", "atol": tol.atol, "rtol": tol.rtol}
-    saturating = (any(e.mismatched for e in errors) and not verify.host_has_vnni()
+    reference, ref = verify.reference_outputs(str(model_path), feeds)
+    errors = verify.compare(got, ref, tol, reference)
+    record = {"reference": reference, "atol": tol.atol, "rtol": tol.rtol}
+    saturating = (reference == "onnxruntime" and any(e.mismatched for e in errors)
+                  and not verify.host_has_vnni()
                   and verify.integer_product_ops(model_path))
     if saturating:
         exact = verify.compare(got, verify.run_reference(str(model_path), feeds), tol)
@@ -228,7 +227,7 @@ def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, i
             errors = exact
     update_manifest(read_artifact(artifact_path, check_hashes=False),
                     verification={**record, "outputs": verify.to_json(errors)})
-    verify.check(errors, tol)
+    verify.check(errors, tol, record["reference"])
     return errors
 
 

@@ -12,10 +12,25 @@ def _static_shapes(inputs, dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
             for i in inputs if i.shape is not None}
 
 
+def _import_bound(mod, dims: dict[str, int]):
+    """`mod` with every symbolic dim of main's inputs bound to `dims` (default 1)."""
+    from tvm import relax, tirx
+
+    free = {}
+    for p in mod["main"].params:
+        for v in getattr(getattr(p.ty, "shape", None), "values", None) or []:
+            for var in tirx.analysis.undefined_vars(v) if not isinstance(v, tirx.Var) else [v]:
+                free[var.name] = int(dims.get(var.name, 1))
+    if free:
+        mod = relax.transform.BindSymbolicVars(free, "main")(mod)
+    return mod, free
+
+
 def plan_model(model, hw: HardwareTarget, precision: str = "auto",
                dims: dict[str, int] | None = None,
                shapes: dict[str, tuple[int, ...]] | None = None):
-    """Plan the compilation of `model` (path or onnx.ModelProto) for `hw`.
+    """Plan the compilation of `model` (a path, an onnx.ModelProto or a torch ExportedProgram)
+    for `hw`.
 
     FLOPs need numbers, so the model is imported with every symbolic dim bound to `dims`
     (default 1); `shapes` (--shape overrides) take precedence.
@@ -27,27 +42,30 @@ def plan_model(model, hw: HardwareTarget, precision: str = "auto",
         TargetError: unknown precision, or the target lacks the figures a roofline needs.
     """
     from .. import pipeline
+    from ..frontend import model_file
     from ..frontend.importer import import_onnx
-    from ..frontend.onnx_model import load_onnx, resolve_input_shapes
+    from ..frontend.onnx_model import resolve_input_shapes
     from ..precision.plan import make_plan
     from ..precision.policy import parse
 
     parse(precision)
     dims = dict(dims or {})
-    proto = load_onnx(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else model
-    infos = resolve_input_shapes(proto, dict(shapes or {}))
-    used_dims = {d: int(dims.get(d, 1)) for i in infos for d in (i.shape or ()) if isinstance(d, str)}
-    static = _static_shapes(infos, dims)
-    static.update(shapes or {})
-    try:
-        mod = import_onnx(proto, static).mod
-    except TvmoptError:
-        # Some graphs only import with symbolic dims: import as compile does, then bind them.
-        from tvm import relax
-
-        mod = import_onnx(proto, dict(shapes or {})).mod
-        if used_dims:
-            mod = relax.transform.BindSymbolicVars(used_dims, "main")(mod)
+    proto = (model_file.load(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__")
+             else model)
+    if model_file.is_program(proto):
+        # symbols of a torch program may be derived (2*s0): bind the free ones after import
+        mod, used_dims = _import_bound(model_file.import_loaded(proto, shapes).mod, dims)
+    else:
+        infos = resolve_input_shapes(proto, dict(shapes or {}))
+        used_dims = {d: int(dims.get(d, 1)) for i in infos for d in (i.shape or ())
+                     if isinstance(d, str)}
+        static = _static_shapes(infos, dims)
+        static.update(shapes or {})
+        try:
+            mod = import_onnx(proto, static).mod
+        except TvmoptError:
+            # Some graphs only import with symbolic dims: import as compile does, then bind them.
+            mod, used_dims = _import_bound(import_onnx(proto, dict(shapes or {})).mod, dims)
     fused = pipeline.optimize(mod, hw.to_tvm(), pipeline.PipelineConfig(), until=pipeline.FRONT_HALF)
     plan = make_plan(fused, hw, precision, dims)
     plan.dims = used_dims  # the model's symbolic dims, as bound for the import

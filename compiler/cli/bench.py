@@ -24,9 +24,9 @@ def _name_list(ctx, param, value) -> list[str]:
 @click.command()
 @click.argument("path", type=click.Path(), required=False)
 @click.option("--model", type=click.Path(dir_okay=False),
-              help="The .onnx for baselines when PATH is an artifact [default: the file whose "
+              help="The model for baselines when PATH is an artifact [default: the file whose "
                    "sha256 the manifest records, beside the artifact or bundled].")
-@options.target("Compile target when PATH is an .onnx model.")
+@options.target("Compile target when PATH is a model.")
 @click.option("-o", "--output", type=click.Path(),
               help="Folder for artifacts compiled from a model [default: tvmopt-out/bench/STEM].")
 @options.shapes("Shape overrides when compiling (repeatable).")
@@ -37,7 +37,8 @@ def _name_list(ctx, param, value) -> list[str]:
 @click.option("--max-seconds", type=float, default=10.0, show_default=True,
               help="Time budget per batch size of the sweep (stops --runs early).")
 @click.option("--baselines", default="", callback=_name_list,
-              help="Comma list of ort, torch (eager via onnx2torch), torch.compile.")
+              help="Comma list of ort, torch (eager), torch.compile: a .pt2 runs its own module, an "
+                   ".onnx needs onnx2torch.")
 @click.option("--threads", type=int, help="onnxruntime / torch threads [default: all cores].")
 @click.option("--load", type=click.Choice(["poisson", "burst"]),
               help="Open-loop load test through the dynamic-batching server.")
@@ -66,10 +67,11 @@ def _name_list(ctx, param, value) -> list[str]:
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write a flat CSV.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of plots.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
+@options.wide()
 def bench(path, model, target, output, shapes, batches, runs, warmup, max_seconds, baselines,
           threads, load, rate, duration, burst, sizes, max_batch, max_wait_ms, timeout_ms,
           max_queue, soak, profile_top, no_coldstart, seed, json_path, csv_path, plot_path, quiet):
-    """Latency and throughput of PATH (an artifact folder, or an .onnx compiled first).
+    """Latency and throughput of PATH (an artifact folder, or an .onnx/.pt2 compiled first).
 
     Closed-loop percentiles per batch size, baselines side by side, per-kernel profile, peak
     memory and cold start; with --load, an open-loop test through a dynamic-batching server;

@@ -1,4 +1,4 @@
-"""`tvmopt compile`: MODEL.onnx -> a deployable artifact folder."""
+"""`tvmopt compile`: MODEL (.onnx or torch.export .pt2) -> a deployable artifact folder."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from . import options
 @options.target()
 @click.option("-o", "--output", type=click.Path(), help="Artifact folder [default: MODEL.tvmopt].")
 @options.shapes()
-@click.option("--verify", is_flag=True, help="Compare with onnxruntime on random inputs.")
+@click.option("--verify", is_flag=True, help="Compare with onnxruntime (a .pt2: the program in torch) on random inputs.")
 @click.option("--atol", type=float, default=1e-4, show_default=True)
 @click.option("--rtol", type=float, default=1e-3, show_default=True)
 @options.dims("Value of a symbolic dim for --verify (default 1).")
@@ -26,7 +26,7 @@ from . import options
 @options.allow_newer_opset()
 def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, max_error, db,
             require_db, dispatch, allow_newer_opset):
-    """Compile MODEL.onnx into a deployable artifact folder."""
+    """Compile MODEL (.onnx, or a torch.export.save'd .pt2) into a deployable artifact folder."""
     from ..build.compile import CompileOptions, compile_model
     from ..report import print_compile_result
     from ..runtime.verify import Tolerance

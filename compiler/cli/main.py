@@ -3,7 +3,9 @@
 A command parses -> builds options -> calls the Python API -> prints.
 
 TVM is imported inside commands so `tvmopt --help` stays instant. Every TvmoptError becomes one
-line on stderr and exit code 1; set TVMOPT_DEBUG=1 to see tracebacks.
+line on stderr and exit code 1; set TVMOPT_DEBUG=1 to see tracebacks. TVM's native log lines are
+dropped from stderr unless `-v` or TVMOPT_DEBUG=1 (native_log.py); each step shows on one
+progress line when stderr is a terminal (progress.py).
 """
 
 from __future__ import annotations
@@ -25,8 +27,14 @@ class _Group(click.Group):
     """Turns domain errors into one line, and any other exception into one line too."""
 
     def invoke(self, ctx):
+        from ..console import err_console
+        from . import native_log, progress
+
+        debug = bool(os.environ.get("TVMOPT_DEBUG"))
+        verbose = debug or bool(ctx.params.get("verbose"))
         try:
-            return super().invoke(ctx)
+            with native_log.filtered(enabled=not verbose), progress.shown(err_console):
+                return super().invoke(ctx)
         except TvmoptError as err:
             if os.environ.get("TVMOPT_DEBUG"):
                 raise
@@ -48,8 +56,11 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tvmopt")
-def main():
-    """tvmopt: compile ONNX models with Apache TVM (Relax), tuned and verified per target."""
+@click.option("-v", "--verbose", is_flag=True,
+              help="Show TVM's own (C++) log lines on stderr; TVMOPT_DEBUG=1 shows them too.")
+def main(verbose):
+    """tvmopt: compile ONNX models and torch.export programs with Apache TVM (Relax), tuned
+    and verified per target."""
 
 
 # Registered here, so command modules never import this one (nor each other).

@@ -58,6 +58,21 @@ def allow_newer_opset():
                              "as the newest it knows (recorded in the manifest).")
 
 
+def wide():
+    """--wide: every column of the tables, however wide (applied by the callback)."""
+
+    def apply(ctx, param, value):
+        if value:
+            from ..console import set_wide
+
+            set_wide()
+        return value
+
+    return click.option("--wide", is_flag=True, expose_value=False, callback=apply,
+                        help="Every table column, however wide (tables otherwise fit the "
+                             "terminal, or COLUMNS).")
+
+
 def parse_dims(items) -> dict[str, int]:
     """--dim NAME=N values -> {name: n}."""
     out = {}

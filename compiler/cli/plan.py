@@ -16,6 +16,7 @@ from . import options
 @options.shapes("Fix an input's shape (repeatable).")
 @options.dims("Value of a symbolic dim (default 1): FLOPs need numbers.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@options.wide()
 def plan(model, target, precision, shapes, dims, as_json):
     """Per fused kernel: ops, FLOPs, bytes, intensity, bound, precision and predicted time."""
     from ..build.compile import CompileOptions

@@ -6,11 +6,14 @@ import json
 
 import click
 
+from . import options
+
 
 @click.command()
 @click.argument("show", required=False, type=click.Choice(["show"]))
 @click.argument("name", required=False)
 @click.option("--json", "as_json", is_flag=True)
+@options.wide()
 def targets(show, name, as_json):
     """List the hardware targets, or 'targets show NAME' for one entry."""
     from ..report import print_target, print_targets

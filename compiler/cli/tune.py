@@ -28,7 +28,7 @@ from . import options
               help="Tune only the tasks without a valid record (after a pipeline change).")
 def tune(model, target, trials, db, max_trials_per_task, shapes, rpc_tracker, rpc_key,
          trials_per_round, prune_top_k, population, weight_prepack, missing_only):
-    """Tune MODEL.onnx with MetaSchedule (XGBoost cost model) into a resumable database."""
+    """Tune MODEL (.onnx or .pt2) with MetaSchedule (XGBoost cost model) into a resumable database."""
     from ..tuning.report import print_tune_result
     from ..tuning.tune import TuneOptions, tune as run_tune
     from ..tuning.database import prune

@@ -28,6 +28,7 @@ class ModelInfo:
     flops_note: str
     unsupported: dict[str, list[str]] = field(default_factory=dict)
     opset_refusal: str | None = None  # why the opset is refused (newer than the importer knows)
+    format: str = "onnx"  # or "torch.export" (frontend.torch_program.describe): no opset, no IR
 
     def to_json(self) -> dict:
         d = dict(self.__dict__)

@@ -1,4 +1,5 @@
-"""Comparing an artifact's outputs with onnxruntime's on the same inputs."""
+"""Comparing an artifact's outputs with the reference's on the same inputs: onnxruntime for an
+ONNX model, the program itself run in torch for a torch.export program."""
 
 from __future__ import annotations
 
@@ -53,6 +54,22 @@ def run_onnxruntime(model_path: str, feeds: dict[str, np.ndarray]) -> dict[str, 
                                 f"{shapes}: {reason}") from None
 
 
+def reference_outputs(model_path: str, feeds: dict[str, np.ndarray]) -> tuple[str, dict]:
+    """What --verify compares with.
+
+    Returns:
+        (reference name, {output name: array})
+
+    Raises:
+        VerificationError: the reference cannot run the model on these inputs.
+    """
+    from ..frontend import torch_program
+
+    if torch_program.is_torch_program(model_path):
+        return "torch", torch_program.run_program(torch_program.load_program(model_path), feeds)
+    return "onnxruntime", run_onnxruntime(model_path, feeds)
+
+
 # onnxruntime's x86 kernels for u8 x s8 integer products multiply with vpmaddubsw on CPUs
 # without VNNI, which saturates each pair of products to int16: on such hosts its MatMulInteger /
 # ConvInteger results can differ from the exact integer arithmetic ONNX specifies (and tvmopt
@@ -93,13 +110,14 @@ def run_reference(model_path: str, feeds: dict[str, np.ndarray]) -> dict[str, np
     return dict(zip(names, ReferenceEvaluator(model).run(None, feeds)))
 
 
-def compare(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], tol: Tolerance) -> list[OutputError]:
+def compare(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], tol: Tolerance,
+            reference: str = "onnxruntime") -> list[OutputError]:
     errs = []
     for name, r in ref.items():
         g = np.asarray(got[name])
         r = like_narrow(r, g)  # onnxruntime gives float8 as uint8 codes
         if g.shape != r.shape:
-            raise VerificationError(f"output '{name}': shape {g.shape}, onnxruntime gives {r.shape}")
+            raise VerificationError(f"output '{name}': shape {g.shape}, {reference} gives {r.shape}")
         if r.dtype == bool or np.issubdtype(r.dtype, np.integer):
             diff = (g.astype(np.int64) != r.astype(np.int64))
             errs.append(OutputError(name, float(diff.sum() > 0), float(diff.sum() > 0),
@@ -116,12 +134,12 @@ def compare(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], tol: Toleran
     return errs
 
 
-def check(errors: list[OutputError], tol: Tolerance) -> None:
+def check(errors: list[OutputError], tol: Tolerance, reference: str = "onnxruntime") -> None:
     """Raise VerificationError when any element is outside tolerance."""
     for e in errors:
         if e.mismatched:
             raise VerificationError(
-                f"output '{e.name}' differs from onnxruntime: max abs error {e.max_abs:.3g}, "
+                f"output '{e.name}' differs from {reference}: max abs error {e.max_abs:.3g}, "
                 f"max rel error {e.max_rel:.3g}, {e.mismatched}/{e.total} elements outside "
                 f"atol={tol.atol:g} + rtol={tol.rtol:g}*|ref|")
 

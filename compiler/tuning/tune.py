@@ -29,10 +29,9 @@ def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False
         (IRModule after fusion, ImportedModel)
     """
     from .. import pipeline
-    from ..frontend.importer import import_onnx
-    from ..frontend.onnx_model import load_onnx
+    from ..frontend.model_file import import_model
 
-    imported = import_onnx(load_onnx(model_path), shapes)
+    imported = import_model(model_path, shapes)
     target = hw.to_tvm()
     mod = pipeline.optimize(imported.mod, target,
                             pipeline.PipelineConfig(weight_prepack=weight_prepack, channels_last=False),
@@ -97,7 +96,7 @@ class TuneOptions:
     """What `tvmopt tune` needs.
 
     Attributes:
-        model: path to the .onnx file.
+        model: path to the .onnx file or torch.export program (.pt2).
         target: target name or alias.
         trials: total trial budget for the database (records already in it count).
         db: database folder (default: schedules/<model stem>/<target name>/).
@@ -168,6 +167,17 @@ def _progress_callback(progress, bar, result: TuneResult):
     return _Progress()
 
 
+def _require_static(inputs) -> None:
+    """MetaSchedule tunes static shapes (a symbolic one fails deep inside its search)."""
+    for i in inputs:
+        for k, d in enumerate(i.shape or ()):
+            if isinstance(d, str):
+                example = "x".join("N" if isinstance(x, str) else str(x) for x in i.shape)
+                raise TuningError(f"input '{i.name}' dimension {k} is symbolic ({d}); tuning "
+                                  f"needs static shapes: pass --shape {i.name}={example} with N "
+                                  "the size to tune for")
+
+
 def tune(opts: TuneOptions, console=None) -> TuneResult:
     """Tune `opts.model` into the database folder `opts.db`, continuing from what it holds.
 
@@ -192,7 +202,8 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     hw = get_target(opts.target)
     target = hw.to_tvm()
     folder = Path(opts.db)
-    mod, _ = fused_module(opts.model, opts.shapes, hw, opts.weight_prepack)
+    mod, imported = fused_module(opts.model, opts.shapes, hw, opts.weight_prepack)
+    _require_static(imported.inputs)
     tasks = extract_tasks(mod, target)
     if not tasks:
         raise TuningError(f"{opts.model}: no tunable functions after fusion")

@@ -223,3 +223,11 @@ def test_tuning_inputs_keep_indices_in_range():
                                                    ["TENSOR", "float32", [64]]], 1)
     assert not np.any(args[0].numpy())
     assert np.any(args[1].numpy())
+
+
+def test_tuning_a_symbolic_shape_asks_for_a_static_one(tmp_path):
+    model = tiny_mlp(tmp_path / "mlp.onnx")
+    with pytest.raises(errors.TuningError, match=r"input 'x' dimension 0 is symbolic \(batch\)"
+                                                 r".*--shape x=Nx32"):
+        tune.tune(tune.TuneOptions(model=model, trials=4, db=str(tmp_path / "db")))
+    assert not (tmp_path / "db").exists()
