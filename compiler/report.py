@@ -42,11 +42,11 @@ def print_model_info(info) -> None:
         console.print("importer: every op type has a converter")
 
 
-def print_compile_result(result) -> None:
+def print_compile_result(result, shown_path: str | None = None) -> None:
     art = result.artifact
     m = art.manifest
     t = m["target"]
-    console.print(f"[green]compiled[/] {m['model']['file']} -> {art.path}  "
+    console.print(f"[green]compiled[/] {m['model']['file']} -> {shown_path or art.path}  "
                   f"(target {t['name']}: {t['tvm'].get('kind')} {t['tvm'].get('mcpu', t['tvm'].get('arch', ''))})")
     console.print(f"  inputs:  {_sig(art.inputs)}")
     console.print(f"  outputs: {_sig(art.outputs)}")
@@ -154,3 +154,12 @@ def print_plan(p, model: str) -> None:
     for d in p.decisions:
         colour = {"chosen": "green", "refused": "yellow", "downgraded": "red"}.get(d.action, "")
         console.print(f"  [{colour}]{d.precision} {d.action}[/]: {escape(d.reason)}")
+
+
+def print_bundle(bundle) -> None:
+    """The bundle's path, size and what it holds."""
+    mib = bundle.size_bytes / 2**20
+    console.print(f"[green]bundle[/] {bundle.path}: {mib:.1f} MiB ({bundle.size_bytes} bytes), "
+                  f"{len(bundle.files)} files; run it with: tar xzf {bundle.path.name} && "
+                  f"{bundle.top}/bin/tvmopt-run {bundle.top}/model/ --input NAME=FILE.npy "
+                  f"--output-dir out --json (see {bundle.top}/README.txt)")
