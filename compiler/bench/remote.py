@@ -111,8 +111,14 @@ class RemoteArtifact:
         return [float(x) for x in ev(*args).results]
 
 
-def run_remote_bench(opts, log=print) -> dict:
+def run_remote_bench(opts, arts: dict, model: str | None, header: dict, log=print) -> dict:
     """The closed-loop part of `tvmopt bench`, on the servers of `opts.rpc_key`.
+
+    Args:
+        opts: the BenchOptions.
+        arts: {batch or None (any batch): artifact path}, as bench.suite resolved them.
+        model: the .onnx the artifacts came from, if known.
+        header: the document's leading fields (schema, versions).
 
     Returns:
         A bench result document (the local schema; profile, load, soak, memory and cold start
@@ -124,9 +130,7 @@ def run_remote_bench(opts, log=print) -> dict:
     from ..runtime.artifact import read_artifact
     from .closed_loop import ClosedLoopResult
     from .runner import InputFactory
-    from .suite import SCHEMA, _versions, resolve_artifacts
 
-    arts, model = resolve_artifacts(opts, log)
     warnings: list[str] = []
     if opts.profile_top != 10:  # an explicit --profile-top (10 is the default)
         warnings.append("--profile-top: the per-kernel profile is not measured over RPC")
@@ -166,7 +170,7 @@ def run_remote_bench(opts, log=print) -> dict:
         warnings.append("coefficient of variation above 10% (" + ", ".join(noisy) + "): "
                         "the device is too noisy to trust small differences")
     m = first_art.manifest
-    return {"schema": SCHEMA, "versions": _versions([]),
+    return {**header,
             "host": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                      "threads": None, "tvm_threads": None},
             "artifacts": {("any" if b is None else str(b)): str(p) for b, p in arts.items()},

@@ -229,7 +229,9 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
     if opts.rpc_tracker:
         from .remote import run_remote_bench
 
-        return run_remote_bench(opts, log)
+        arts, model = resolve_artifacts(opts, log)
+        return run_remote_bench(opts, arts, model, {"schema": SCHEMA, "versions": _versions([])},
+                                log)
     # Same thread count for every runtime: TVM's CPU pool defaults to half the logical cores
     # (it assumes hyper-threads), 1 of 2 here, while onnxruntime and torch get `threads`. The
     # pool reads this when it starts, so it must be set before anything runs a kernel.
