@@ -160,6 +160,7 @@ def print_bundle(bundle) -> None:
     """The bundle's path, size and what it holds."""
     mib = bundle.size_bytes / 2**20
     console.print(f"[green]bundle[/] {bundle.path}: {mib:.1f} MiB ({bundle.size_bytes} bytes), "
-                  f"{len(bundle.files)} files; run it with: tar xzf {bundle.path.name} && "
-                  f"{bundle.top}/bin/tvmopt-run {bundle.top}/model/ --input NAME=FILE.npy "
-                  f"--output-dir out --json (see {bundle.top}/README.txt)")
+                  f"{len(bundle.files)} files, no Python")
+    console.print(f"  on the board: tar xzf {bundle.path.name} && cd {bundle.top} && "
+                  f"{escape(bundle.run_command)}")
+    console.print(f"  (see {bundle.top}/README.txt)")

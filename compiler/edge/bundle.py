@@ -40,6 +40,7 @@ class Bundle:
     size_bytes: int
     top: str
     files: dict[str, str]  # path inside the bundle -> sha256
+    run_command: str  # how to run it from inside the unpacked folder
 
 
 def default_output(model: str) -> str:
@@ -98,7 +99,7 @@ def _readme(top: str, manifest: dict, emulate: str | None) -> str:
         shape = "x".join(str(d) for d in t["shape"]) if t["shape"] is not None else "any"
         return f"  {t['name']}: {t['dtype']}[{shape}]"
 
-    flags = " ".join(f"--input {t['name']}={_file_name(t['name'])}.npy" for t in ins)
+    flags = _input_flags(ins)
     t = manifest["target"]
     req = manifest["bundle"]["requires"]
     lines = [
@@ -130,6 +131,10 @@ def _readme(top: str, manifest: dict, emulate: str | None) -> str:
                   "(figures measured this way are the emulator's, not the board's):",
                   f"  {emulate} bin/{RUNNER} model/ {flags} --output-dir out --json"]
     return "\n".join(lines) + "\n"
+
+
+def _input_flags(inputs: list[dict]) -> str:
+    return " ".join(f"--input {t['name']}={_file_name(t['name'])}.npy" for t in inputs)
 
 
 def _file_name(name: str) -> str:
@@ -193,13 +198,15 @@ def write_bundle(artifact: str | Path, out: str | Path, log=print) -> Bundle:
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     all_files = {**{f"model/{k}": v for k, v in manifest["files"].items()}, **files}
-    return Bundle(out, out.stat().st_size, top, all_files)
+    run = f"bin/{RUNNER} model/ {_input_flags(manifest['inputs'])} --output-dir out --json"
+    return Bundle(out, out.stat().st_size, top, all_files, run)
 
 
 def _normalize(info: tarfile.TarInfo) -> tarfile.TarInfo:
     # a bundle unpacks the same for whoever builds it
     info.uid = info.gid = 0
     info.uname = info.gname = ""
+    info.mode = 0o755 if info.isdir() or info.mode & 0o100 else 0o644
     return info
 
 

@@ -85,10 +85,34 @@ needs_x86_host = pytest.mark.skipif(host_arch() != "x86_64" or shutil.which("g++
 
 
 @pytest.fixture(scope="module")
-def x86_bundle(tmp_path_factory):
+def x86_cli_build(tmp_path_factory):
+    """`tvmopt compile --bundle` through the CLI: (click result, tarball, model path)."""
+    from click.testing import CliRunner
+
+    from tvmopt.cli.main import main
+
     tmp = tmp_path_factory.mktemp("edge-x86")
     model = Path(tiny_mlp(tmp / "mlp.onnx"))
-    return _build(tmp, model, "x86", "mlp-edge"), model
+    tar = tmp / "mlp-edge.tar.gz"
+    res = CliRunner().invoke(main, ["compile", str(model), "--target", "x86", "--bundle",
+                                    "-o", str(tar)], catch_exceptions=False)
+    return res, tar, model
+
+
+@pytest.fixture(scope="module")
+def x86_bundle(x86_cli_build):
+    res, tar, model = x86_cli_build
+    assert res.exit_code == 0, res.output
+    with tarfile.open(tar) as t:
+        t.extractall(tar.parent / "unpacked", filter="data")
+    return tar.parent / "unpacked" / "mlp-edge", model
+
+
+@needs_x86_host
+def test_compile_prints_the_bundle_size_and_how_to_run_it(x86_cli_build, x86_bundle):
+    res, tar, _ = x86_cli_build
+    assert f"({tar.stat().st_size} bytes)" in res.output
+    assert "bin/tvmopt-run model/ --input x=x.npy --output-dir out --json" in res.output
 
 
 @needs_x86_host
