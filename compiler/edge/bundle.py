@@ -26,7 +26,7 @@ from ..runtime.artifact import MANIFEST, Artifact, read_artifact
 from ..targets.registry import HardwareTarget, get_target
 from .runner import NAME as RUNNER, build_runner
 from .runtime import runtime_for, sha256_path
-from .toolchain import bundle_toolchain, emulation_command
+from .toolchain import bundle_toolchain, emulation_command, missing_for_emulation, run_prefix
 
 SUFFIXES = (".tar.gz", ".tgz")
 _ELF_MACHINE = {0x3E: "x86_64", 0xB7: "aarch64"}
@@ -41,6 +41,7 @@ class Bundle:
     top: str
     files: dict[str, str]  # path inside the bundle -> sha256
     run_command: str  # how to run it from inside the unpacked folder
+    verification: list | None = None  # runtime.verify.OutputError per output, when verified
 
 
 def default_output(model: str) -> str:
@@ -142,12 +143,22 @@ def _file_name(name: str) -> str:
     return "_" + out if not out or out.startswith(".") else out
 
 
-def write_bundle(artifact: str | Path, out: str | Path, log=print) -> Bundle:
+def write_bundle(artifact: str | Path, out: str | Path, log=print, verify_model: str | None = None,
+                 tolerance=None, dims: dict[str, int] | None = None) -> Bundle:
     """Pack a CPU artifact with the runtime and runner for its architecture.
+
+    Args:
+        artifact: the artifact folder (becomes model/).
+        out: the .tar.gz to write (atomically).
+        verify_model: run the packed bundle's runner (natively or under qemu-user) on random
+            inputs and compare with onnxruntime on this .onnx before writing; a failure writes
+            no bundle.
+        tolerance, dims: verification tolerance and symbolic dim values.
 
     Raises:
         BuildError: not a CPU artifact, the library is not built for the target's architecture,
             a toolchain or runtime wheel is missing, or the output name is not .tar.gz.
+        VerificationError: verification failed.
     """
     art: Artifact = read_artifact(artifact)
     out = Path(out)
@@ -191,6 +202,16 @@ def write_bundle(artifact: str | Path, out: str | Path, log=print) -> Bundle:
         # paths relative to the bundle root (the model folder's parent)
         manifest["bundle"]["files"] = files
         (root / "model" / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        errors = None
+        if verify_model:
+            from ..runtime.verify import Tolerance, check
+            from .verify import verify_bundle
+
+            tol = tolerance or Tolerance()
+            log(f"verifying the bundle: {RUNNER} on random inputs vs onnxruntime")
+            errors, manifest["verification"] = verify_bundle(root, verify_model, tol, dims)
+            (root / "model" / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            check(errors, tol)
         tmp_tar = stage / out.name
         with tarfile.open(tmp_tar, "w:gz") as tar:
             tar.add(root, arcname=top, filter=_normalize)
@@ -199,7 +220,7 @@ def write_bundle(artifact: str | Path, out: str | Path, log=print) -> Bundle:
         shutil.rmtree(stage, ignore_errors=True)
     all_files = {**{f"model/{k}": v for k, v in manifest["files"].items()}, **files}
     run = f"bin/{RUNNER} model/ {_input_flags(manifest['inputs'])} --output-dir out --json"
-    return Bundle(out, out.stat().st_size, top, all_files, run)
+    return Bundle(out, out.stat().st_size, top, all_files, run, errors)
 
 
 def _normalize(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -223,7 +244,7 @@ def compile_bundle(opts, out: str | Path | None = None, log=print):
 
     Args:
         opts: a build.compile.CompileOptions; its `output` is ignored (the artifact is the
-            bundle's model/ folder).
+            bundle's model/ folder); `verify` runs the bundle itself (see write_bundle).
         out: the .tar.gz to write (default MODEL-edge.tar.gz beside the model).
 
     Returns:
@@ -236,13 +257,21 @@ def compile_bundle(opts, out: str | Path | None = None, log=print):
 
     out = Path(out or default_output(opts.model))
     _top_name(out)
-    bundle_toolchain(get_target(opts.target))  # a missing package fails now, not after the build
+    hw = get_target(opts.target)
+    bundle_toolchain(hw)  # a missing package fails now, not after the build
+    verify, opts.verify = opts.verify, False  # the bundle is verified, not the host artifact
+    if verify and run_prefix(hw.arch) is None:
+        raise BuildError(f"--verify runs the {hw.arch} bundle here; this host "
+                         f"{missing_for_emulation(hw.arch)}")
     work = Path(tempfile.mkdtemp(prefix=".tvmopt-bundle.", dir=out.parent if out.parent.exists()
                                  else None))
     try:
         opts.output = str(work / "model")
         result = compile_model(opts, log=log)
-        bundle = write_bundle(result.artifact.path, out, log=log)
+        bundle = write_bundle(result.artifact.path, out, log=log,
+                              verify_model=opts.model if verify else None,
+                              tolerance=opts.tolerance, dims=opts.verify_dims)
+        result.verification = bundle.verification
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return result, bundle

@@ -18,16 +18,16 @@ from tvmopt.build.compile import CompileOptions
 from tvmopt.edge import bundle as edge_bundle
 from tvmopt.edge import runtime as edge_runtime
 from tvmopt.edge.toolchain import missing_for_emulation, run_prefix
-from tvmopt.errors import BuildError
+from tvmopt.errors import BuildError, VerificationError
 from tvmopt.runtime.verify import run_onnxruntime
 from tvmopt.targets.registry import host_arch
 
 ATOL, RTOL = 1e-4, 1e-3  # fp32
 
 
-def _build(tmp: Path, model_path: Path, target: str, name: str) -> Path:
+def _build(tmp: Path, model_path: Path, target: str, name: str, verify=False) -> Path:
     """compile --bundle through the API, unpacked; returns the bundle's root folder."""
-    opts = CompileOptions(model=str(model_path), target=target, precision="fp32")
+    opts = CompileOptions(model=str(model_path), target=target, precision="fp32", verify=verify)
     _, packed = edge_bundle.compile_bundle(opts, tmp / f"{name}.tar.gz", log=lambda m: None)
     with tarfile.open(packed.path) as tar:
         tar.extractall(tmp / "unpacked", filter="data")
@@ -95,7 +95,7 @@ def x86_cli_build(tmp_path_factory):
     model = Path(tiny_mlp(tmp / "mlp.onnx"))
     tar = tmp / "mlp-edge.tar.gz"
     res = CliRunner().invoke(main, ["compile", str(model), "--target", "x86", "--bundle",
-                                    "-o", str(tar)], catch_exceptions=False)
+                                    "--verify", "-o", str(tar)], catch_exceptions=False)
     return res, tar, model
 
 
@@ -113,6 +113,30 @@ def test_compile_prints_the_bundle_size_and_how_to_run_it(x86_cli_build, x86_bun
     res, tar, _ = x86_cli_build
     assert f"({tar.stat().st_size} bytes)" in res.output
     assert "bin/tvmopt-run model/ --input x=x.npy --output-dir out --json" in res.output
+
+
+@needs_x86_host
+def test_verify_runs_the_bundles_own_runner(x86_cli_build, x86_bundle):
+    res, _, _ = x86_cli_build
+    assert "verify y: max abs err" in res.output
+    m = json.loads((x86_bundle[0] / "model" / "manifest.json").read_text())
+    v = m["verification"]
+    assert v["reference"] == "onnxruntime" and v["runner"] == "bin/tvmopt-run (native)"
+    assert v["outputs"][0]["name"] == "y" and v["outputs"][0]["mismatched"] == 0
+
+
+@needs_x86_host
+def test_a_failed_bundle_verification_writes_no_bundle(x86_bundle, tmp_path, monkeypatch):
+    from tvmopt.edge import verify as edge_verify
+
+    root, model = x86_bundle
+    real = edge_verify.run_onnxruntime
+    monkeypatch.setattr(edge_verify, "run_onnxruntime",
+                        lambda m, feeds: {k: v + 1 for k, v in real(m, feeds).items()})
+    with pytest.raises(VerificationError, match="'y'"):
+        edge_bundle.write_bundle(root / "model", tmp_path / "x.tar.gz", log=lambda m: None,
+                                 verify_model=str(model))
+    assert list(tmp_path.iterdir()) == []
 
 
 @needs_x86_host
@@ -254,7 +278,7 @@ def _aarch64_bundle(tmp: Path, model: onnx.ModelProto, target: str, name: str):
     path = tmp / f"{name}.onnx"
     onnx.save(model, str(path))
     try:
-        root = _build(tmp, path, target, name)
+        root = _build(tmp, path, target, name, verify=True)
     except BuildError as err:
         if "cannot download" in str(err):
             pytest.skip(f"the aarch64 TVM runtime wheels are not cached and cannot be fetched: {err}")
@@ -271,6 +295,8 @@ def test_aarch64_bundle_under_qemu_matches_onnxruntime(tmp_path, family, target)
     for rel in ("bin/tvmopt-run", "lib/libtvm_runtime.so", "lib/libtvm_ffi.so", "model/model.so"):
         assert edge_bundle.elf_machine(root / rel) == "aarch64", rel
     assert _python_in(root) == []
+    manifest = json.loads((root / "model" / "manifest.json").read_text())
+    assert manifest["verification"]["runner"] == "bin/tvmopt-run under qemu-aarch64"
     rng = np.random.default_rng(1)
     feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim])
              .astype(np.float32) for i in model.graph.input}
