@@ -313,7 +313,8 @@ std::string HeaderField(const std::string& header, const std::string& key, const
   size_t k = header.find("'" + key + "'");
   if (k == std::string::npos) throw Failure(path + ": not a .npy file (no '" + key + "')");
   size_t colon = header.find(':', k);
-  size_t start = header.find_first_not_of(" ", colon + 1);
+  size_t start = colon == std::string::npos ? colon : header.find_first_not_of(" ", colon + 1);
+  if (start == std::string::npos) throw Failure(path + ": malformed .npy header");
   if (header[start] == '\'') {
     size_t end = header.find('\'', start + 1);
     return header.substr(start + 1, end - start - 1);
@@ -360,10 +361,13 @@ NpyArray ReadNpy(const std::string& path) {
   int64_t count = 1;
   for (size_t i = 1; i < shape.size();) {
     size_t j = shape.find_first_of(",)", i);
+    if (j == std::string::npos) throw Failure(path + ": malformed shape in the .npy header");
     std::string tok = shape.substr(i, j - i);
     tok.erase(0, tok.find_first_not_of(" "));
     if (!tok.empty()) {
-      int64_t d = std::stoll(tok);
+      char* end = nullptr;
+      long long d = std::strtoll(tok.c_str(), &end, 10);
+      if (end == tok.c_str() || d < 0) throw Failure(path + ": malformed shape in the .npy header");
       arr.shape.push_back(d);
       count *= d;
     }

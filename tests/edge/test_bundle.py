@@ -213,14 +213,34 @@ def test_a_mismatched_input_is_one_line(x86_bundle, tmp_path, feeds, message):
     assert res.stderr.count("\n") == 1
 
 
+def _write_bad_npy(path: Path, kind: str) -> None:
+    if kind == "text":
+        path.write_text("not numpy")
+    elif kind == "fortran":
+        np.save(path, np.asfortranarray(np.zeros((2, 32), np.float32)))
+    elif kind == "big-endian":
+        np.save(path, np.zeros((1, 32), ">f4"))
+    elif kind == "truncated":
+        np.save(path, np.zeros((1, 32), np.float32))
+        path.write_bytes(path.read_bytes()[:-4])
+    elif kind == "no shape end":
+        np.save(path, np.zeros((1, 32), np.float32))
+        path.write_bytes(path.read_bytes().replace(b"(1, 32)", b"(1, 32 "))
+
+
 @needs_x86_host
-def test_a_file_that_is_not_npy_is_one_line(x86_bundle, tmp_path):
+@pytest.mark.parametrize("kind, message", [
+    ("text", "not a .npy file"), ("fortran", "Fortran-ordered array"),
+    ("big-endian", "dtype '>f4' is not supported"), ("truncated", "holds 124 data bytes"),
+    ("no shape end", "malformed"),
+])
+def test_a_bad_npy_file_is_one_line(x86_bundle, tmp_path, kind, message):
     root, _ = x86_bundle
-    (tmp_path / "x.npy").write_text("not numpy")
+    _write_bad_npy(tmp_path / "x.npy", kind)
     res = subprocess.run([str(root / "bin" / "tvmopt-run"), str(root / "model"), "--input",
                           f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "o")],
-                         capture_output=True, text=True)
-    assert res.returncode == 1 and "not a .npy file" in res.stderr
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and message in res.stderr, res.stderr
     assert res.stderr.count("\n") == 1
 
 
