@@ -44,11 +44,11 @@ def print_model_info(info) -> None:
         console.print("importer: every op type has a converter")
 
 
-def print_compile_result(result) -> None:
+def print_compile_result(result, shown_path: str | None = None) -> None:
     art = result.artifact
     m = art.manifest
     t = m["target"]
-    console.print(f"[green]compiled[/] {m['model']['file']} -> {art.path}  "
+    console.print(f"[green]compiled[/] {m['model']['file']} -> {shown_path or art.path}  "
                   f"(target {t['name']}: {t['tvm'].get('kind')} {t['tvm'].get('mcpu', t['tvm'].get('arch', ''))})")
     console.print(f"  inputs:  {_sig(art.inputs)}")
     console.print(f"  outputs: {_sig(art.outputs)}")
@@ -173,3 +173,13 @@ def print_plan(p, model: str) -> None:
     for d in p.decisions:
         colour = {"chosen": "green", "refused": "yellow", "downgraded": "red"}.get(d.action, "")
         console.print(f"  [{colour}]{d.precision} {d.action}[/]: {escape(d.reason)}")
+
+
+def print_bundle(bundle) -> None:
+    """The bundle's path, size and what it holds."""
+    mib = bundle.size_bytes / 2**20
+    console.print(f"[green]bundle[/] {bundle.path}: {mib:.1f} MiB ({bundle.size_bytes} bytes), "
+                  f"{len(bundle.files)} files, no Python")
+    console.print(f"  on the board: tar xzf {bundle.path.name} && cd {bundle.top} && "
+                  f"{escape(bundle.run_command)}")
+    console.print(f"  (see {bundle.top}/README.txt)")

@@ -78,10 +78,19 @@ def print_bench(doc: dict) -> None:
     if doc.get("soak"):
         _print_soak(doc["soak"])
 
-    m = doc["memory"]
-    console.print(f"memory: RSS {_mb(m['rss_start_bytes'])} at start, peak {_mb(m['rss_peak_bytes'])}"
-                  f" during the bench (process lifetime peak {_mb(m['rss_lifetime_peak_bytes'])}); "
-                  f"GPU {_mb(m['gpu_bytes']) if m['gpu_bytes'] is not None else m['gpu_note']}")
+    if doc.get("remote"):
+        from .remote import describe
+
+        for line in describe(doc["remote"]):
+            console.print(escape(line))
+    m = doc.get("memory")
+    if m is None:
+        console.print("memory, per-kernel profile, cold start: not measured on a remote device")
+    else:
+        console.print(f"memory: RSS {_mb(m['rss_start_bytes'])} at start, peak "
+                      f"{_mb(m['rss_peak_bytes'])} during the bench (process lifetime peak "
+                      f"{_mb(m['rss_lifetime_peak_bytes'])}); GPU "
+                      f"{_mb(m['gpu_bytes']) if m['gpu_bytes'] is not None else m['gpu_note']}")
     c = doc.get("cold_start")
     if c:
         console.print(f"cold start (fresh process, batch {c['batch']}): load + first inference "
@@ -191,7 +200,7 @@ def csv_rows(doc: dict) -> list[dict]:
     for k, v in (doc.get("cold_start") or {}).items():
         rows.append({"section": "cold_start", "runner": "tvmopt", "batch": "", "metric": k,
                      "value": v, "ratio_to_ort": ""})
-    for k, v in doc["memory"].items():
+    for k, v in (doc.get("memory") or {}).items():
         if isinstance(v, (int, float)):
             rows.append({"section": "memory", "runner": "tvmopt", "batch": "", "metric": k,
                          "value": v, "ratio_to_ort": ""})

@@ -46,6 +46,8 @@ class BenchOptions:
         coldstart: measure cold start in a fresh process.
         profile_top: rows of the per-kernel profile (0: no profile).
         seed: inputs and arrivals.
+        rpc_tracker, rpc_key: run the closed loop on a remote device through this TVM RPC
+            tracker ('HOST:PORT') and the servers registered under this key.
     """
 
     path: str
@@ -72,6 +74,8 @@ class BenchOptions:
     profile_top: int = 10
     seed: int = 0
     soak: float | None = None
+    rpc_tracker: str | None = None
+    rpc_key: str | None = None
 
     def __post_init__(self):
         if not self.batches or any(b < 1 for b in self.batches):
@@ -95,6 +99,20 @@ class BenchOptions:
         if self.rate <= 0:
             raise BenchOptionError("--rate must be > 0 requests/s")
         self.threads = self.threads or os.cpu_count() or 1
+        if self.rpc_tracker:
+            from ..tuning.measure import parse_host_port
+
+            parse_host_port(self.rpc_tracker)
+            if not self.rpc_key:
+                raise BenchOptionError("--rpc-tracker needs --rpc-key (the key the servers "
+                                       "registered with)")
+            local = [flag for flag, on in (("--baselines", self.baselines), ("--load", self.load),
+                                           ("--soak/--duration", self.soak)) if on]
+            if local:
+                raise BenchOptionError(f"{', '.join(local)}: measured on this machine, not "
+                                       "over RPC; bench locally for them")
+        elif self.rpc_key:
+            raise BenchOptionError("--rpc-key needs --rpc-tracker HOST:PORT")
 
     @property
     def is_model(self) -> bool:
@@ -213,6 +231,12 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
     from .memory import RssSampler, memory_report
     from .runner import ArtifactRunner, InputFactory
 
+    if opts.rpc_tracker:
+        from .remote import run_remote_bench
+
+        arts, model = resolve_artifacts(opts, log)
+        return run_remote_bench(opts, arts, model, {"schema": SCHEMA, "versions": _versions([])},
+                                log)
     # Same thread count for every runtime: TVM's CPU pool defaults to half the logical cores
     # (it assumes hyper-threads), 1 of 2 here, while onnxruntime and torch get `threads`. The
     # pool reads this when it starts, so it must be set before anything runs a kernel.

@@ -168,6 +168,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         "model": model_file.manifest_entry(opts.model, model, imported, opts.allow_newer_opset),
         "kernels": kernels_manifest(cfg, replay),
         "tvm_version": _tvm_version(),
+        "tvm_ffi_version": _tvm_ffi_version(),
         "target": {"name": hw.name, "device": hw.device, "arch": hw.arch,
                    "features": list(hw.features), "tvm": target_json(target)},
         "inputs": [i.to_json() for i in imported.inputs],
@@ -241,6 +242,12 @@ def _tvm_version() -> str:
     import tvm
 
     return tvm.__version__
+
+
+def _tvm_ffi_version() -> str:
+    import tvm_ffi
+
+    return tvm_ffi.__version__
 
 
 __all__ = ["CompileOptions", "CompileResult", "compile_model", "verify_artifact", "TvmoptError"]

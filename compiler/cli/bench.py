@@ -66,16 +66,21 @@ def _name_list(ctx, param, value) -> list[str]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the result JSON.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write a flat CSV.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of plots.")
+@click.option("--rpc-tracker", metavar="HOST:PORT",
+              help="Run on a remote device: a server of this TVM RPC tracker (tvmopt rpc).")
+@click.option("--rpc-key", metavar="KEY", help="Device key the RPC servers registered with.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 @options.wide()
 def bench(path, model, target, output, shapes, batches, runs, warmup, max_seconds, baselines,
           threads, load, rate, duration, burst, sizes, max_batch, max_wait_ms, timeout_ms,
-          max_queue, soak, profile_top, no_coldstart, seed, json_path, csv_path, plot_path, quiet):
+          max_queue, soak, profile_top, no_coldstart, seed, json_path, csv_path, plot_path, rpc_tracker,
+          rpc_key, quiet):
     """Latency and throughput of PATH (an artifact folder, or an .onnx/.pt2 compiled first).
 
     Closed-loop percentiles per batch size, baselines side by side, per-kernel profile, peak
     memory and cold start; with --load, an open-loop test through a dynamic-batching server;
-    with only --duration, a soak that watches latency drift and RSS growth.
+    with only --duration, a soak that watches latency drift and RSS growth. With --rpc-tracker,
+    the closed loop runs on a remote device's RPC server instead.
     """
     from ..bench.report import print_bench, write_csv, write_json, write_plot
     from ..bench.suite import BenchOptions, run_bench
@@ -86,7 +91,7 @@ def bench(path, model, target, output, shapes, batches, runs, warmup, max_second
                         rate=rate, duration=duration, burst=burst, sizes=sizes,
                         max_batch=max_batch, max_wait_ms=max_wait_ms, timeout_ms=timeout_ms,
                         max_queue=max_queue, coldstart=not no_coldstart, profile_top=profile_top,
-                        seed=seed, soak=soak)
+                        seed=seed, soak=soak, rpc_tracker=rpc_tracker, rpc_key=rpc_key)
     log = (lambda msg: None) if quiet else (lambda msg: click.echo(f"[bench] {msg}", err=True))
     doc = run_bench(opts, log=log)
     print_bench(doc)

@@ -10,7 +10,9 @@ from . import options
 @click.command()
 @options.model_argument()
 @options.target()
-@click.option("-o", "--output", type=click.Path(), help="Artifact folder [default: MODEL.tvmopt].")
+@click.option("-o", "--output", type=click.Path(),
+              help="Artifact folder [default: MODEL.tvmopt]; with --bundle the .tar.gz "
+                   "[default: MODEL-edge.tar.gz].")
 @options.shapes()
 @click.option("--verify", is_flag=True, help="Compare with onnxruntime (a .pt2: the program in torch) on random inputs.")
 @click.option("--atol", type=float, default=1e-4, show_default=True)
@@ -24,9 +26,13 @@ from . import options
 @click.option("--require-db", is_flag=True, help="Fail if --db misses any task.")
 @options.dispatch()
 @options.allow_newer_opset()
+@click.option("--bundle", is_flag=True,
+              help="Write one tarball for a Linux board instead: the library, the TVM runtime "
+                   "libraries and a C++ runner (bin/tvmopt-run), no Python needed (docs/edge.md).")
 def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, max_error, db,
-            require_db, dispatch, allow_newer_opset):
-    """Compile MODEL (.onnx, or a torch.export.save'd .pt2) into a deployable artifact folder."""
+            require_db, dispatch, allow_newer_opset, bundle):
+    """Compile MODEL (.onnx, or a torch.export.save'd .pt2) into a deployable artifact folder
+    (or, with --bundle, a tarball for a board)."""
     from ..build.compile import CompileOptions, compile_model
     from ..report import print_compile_result
     from ..runtime.verify import Tolerance
@@ -36,8 +42,16 @@ def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, 
                           verify_dims=options.parse_dims(dims), precision=precision,
                           max_error=max_error, db=db, require_db=require_db, dispatch=dispatch,
                           allow_newer_opset=allow_newer_opset)
-    result = compile_model(opts)
-    print_compile_result(result)
+    if bundle:
+        from ..edge.bundle import compile_bundle
+        from ..report import print_bundle
+
+        result, packed = compile_bundle(opts, output)
+        print_compile_result(result, shown_path=f"{packed.path} (model/)")
+        print_bundle(packed)
+    else:
+        result = compile_model(opts)
+        print_compile_result(result)
     if result.replay is not None:
         from ..tuning.report import print_replay
 
