@@ -63,12 +63,13 @@ def run_precisions(model: str, precisions: list[str], common: dict, log=print) -
                 why = ("fp16 on onnxruntime: no fp16 ONNX conversion here; compare fp16 with "
                        "--runtime tvmopt (the pipeline's fp16 precision)")
             if why:
-                log(f"refused: {why}")
                 refused.append(why)
                 continue
             paths[p] = (model, "fp16")
     if len(paths) < 2:
         raise TargetError("; ".join(refused) or "--precisions needs at least two precisions")
+    for why in refused:
+        log(f"refused: {why}")
     names = list(paths)
     docs = []
     for other in names[1:]:

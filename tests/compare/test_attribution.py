@@ -167,6 +167,15 @@ def test_folding_is_recommended_and_ranked_by_its_measurement():
     assert "b.fp32w.onnx" in line and "\n" not in line
 
 
+def test_a_rewrite_within_noise_of_the_plain_model_does_not_win():
+    att = _att(1.0, 10.0, b_quant=2.0, b_int=8.0, b_flops=1e9)
+    a = ModelFacts("a.onnx", "a.onnx", "fp32", 1e9, False)
+    b = ModelFacts("b.onnx", "b.onnx", "int8 (dynamic)", 1e9, True, "b.fp32w.onnx")
+    recs = recommend(att, a, b, "tvmopt", "x86-avx2", {"b.fp32w.onnx": 0.98}, 1000.0, 25.6)
+    assert [r.id for r in recs[:2]] == ["ship_a", "fold_quantization"]
+    assert "within the noise" in recs[0].why
+
+
 def test_the_standard_model_is_recommended_when_the_variant_is_slower():
     att = _att(1.0, 3.0, b_int=3.0)
     a = ModelFacts("std.onnx", "std.onnx", "fp32", 4e9, False)
