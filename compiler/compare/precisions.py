@@ -22,6 +22,24 @@ def fp16_refusal(hw) -> str | None:
     return None
 
 
+def quantize_int8(src: str, dst: Path) -> None:
+    """onnxruntime's `quantize_dynamic` with int8 weights (its pre-processing advice muted)."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(src, str(dst), weight_type=QuantType.QInt8)
+    except Exception as err:  # onnxruntime's quantizer raises plain exceptions
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+        raise CompareOptionError(f"quantize_dynamic cannot quantize {src}: {reason}") from None
+    finally:
+        root.setLevel(level)
+
+
 def run_precisions(model: str, precisions: list[str], common: dict, log=print) -> list[dict]:
     """Compare precisions[0] of `model` with each other precision.
 
@@ -51,11 +69,9 @@ def run_precisions(model: str, precisions: list[str], common: dict, log=print) -
         if p == "fp32":
             paths[p] = (model, None)
         elif p == "int8":
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-
             dst = out / f"{Path(model).stem}.int8.onnx"
             log(f"int8: quantize_dynamic({Path(model).name}) -> {dst}")
-            quantize_dynamic(model, str(dst), weight_type=QuantType.QInt8)
+            quantize_int8(model, dst)
             paths[p] = (str(dst), None)
         elif p == "fp16":
             why = fp16_refusal(hw)

@@ -218,6 +218,15 @@ def run_compare(opts: CompareOptions, log=print) -> dict:
     bw = hw.bandwidth_gbs()
     ridge = peak / bw if peak and bw else None
 
+    if "tvmopt" in opts.runtimes:  # refuse before spending a compile on the other model
+        from ..errors import UnsupportedOpError
+        from ..frontend.importer import _unsupported_message, unsupported_ops
+
+        for m in models:
+            missing = unsupported_ops(m.proto)
+            if missing:
+                raise UnsupportedOpError(f"tvmopt cannot build {m.path}: "
+                                         f"{_unsupported_message(m.proto, missing)}")
     runners = {}
     for rt in opts.runtimes:
         for m in models:

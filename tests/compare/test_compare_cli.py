@@ -121,3 +121,30 @@ def test_fp16_is_refused_on_a_target_without_it(cli, save, tmp_path):
     a = save(cnn(size=16), "a")
     _one_line_error(cli("compare", a, "--precisions", "fp32,fp16", "-o", tmp_path / "o"),
                     "fp16 on x86-avx2", "no fp16 arithmetic")
+
+
+def test_precision_variants_of_one_model(cli, save, tmp_path):
+    a = save(cnn(size=16), "a")
+    out = tmp_path / "p.json"
+    res = cli("compare", a, "--precisions", "fp32,fp16,int8", "--runtime", "onnxruntime",
+              "--runs", "6", "--profile-runs", "3", "-o", tmp_path / "o", "--json", out, "-q")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["precisions"] == {"a": "fp32", "b": "int8"}
+    assert any("fp16 on x86-avx2" in r for r in doc["refused"])
+    assert "refused: fp16 on x86-avx2" in res.output
+    _check_section(doc)
+
+
+def test_a_model_tvmopt_cannot_build_is_one_line(cli, save, tmp_path):
+    a = save(make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [1, 8])],
+                        [vi("y", [1, 8])]), "a")
+    g = helper.make_graph([helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")],
+                          "g", [vi("x", [1, 8])], [vi("y", [1, 8])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("com.example", 1)])
+    m.ir_version = 8
+    b = tmp_path / "b.onnx"
+    onnx.save(m, str(b))
+    _one_line_error(cli("compare", a, b, "--runtime", "tvmopt", "-o", tmp_path / "o", "-q"),
+                    "tvmopt cannot build", "b.onnx", "Frobnicate")
