@@ -31,6 +31,10 @@ class Recommendation:
         return asdict(self)
 
 
+# causes folding the quantization back to fp32 removes (or turns into fp32 compute)
+_FOLDED = ("quantize", "int8_compute", "lost_fusion", "compute", "low_intensity_conv")
+
+
 def _row(att: dict, cause: str) -> dict:
     return next(r for r in att["attribution"] if r["cause"] == cause)
 
@@ -68,14 +72,26 @@ def recommend(att: dict, a: ModelFacts, b: ModelFacts, runtime: str, target: str
         return _row(att, cause)[f"{side}_ms"]
 
     # 1. integer compute with run-time activation quantization -> fp32 activations
+    same_work = a.flops and abs(a.flops - b.flops) <= 0.1 * a.flops
     for side, facts in (("b", b), ("a", a)):
         if not (facts.quantized and facts.folded_path):
             continue
+        other = "a" if side == "b" else "b"
         q, i = cause_ms("quantize", side), cause_ms("int8_compute", side)
-        flops = _row(att, "int8_compute").get(f"{side}_flops") or 0.0
-        # the same products in fp32, at the rate this runtime's fp32 dense kernels reach
-        est = flops / (fp32_gflops * 1e6) if fp32_gflops and flops else i
-        side_ms = b_ms if side == "b" else a_ms
+        side_ms, other_ms = (b_ms, a_ms) if side == "b" else (a_ms, b_ms)
+        if same_work:
+            # a precision variant of the other model: folding turns its quantization, integer
+            # products and their extra kernels back into the other model's fp32 kernels; the
+            # remaining causes keep their difference
+            rest = sum(r[f"{side}_ms"] - r[f"{other}_ms"] for r in att["attribution"]
+                       if r["cause"] not in _FOLDED) + att["unexplained_ms"] * (
+                           1 if side == "b" else -1)
+            predicted = other_ms + rest
+        else:
+            flops = _row(att, "int8_compute").get(f"{side}_flops") or 0.0
+            # the same products in fp32, at the rate this runtime's fp32 dense kernels reach
+            est = flops / (fp32_gflops * 1e6) if fp32_gflops and flops else i
+            predicted = side_ms - q - i + est
         recs.append(Recommendation(
             "fold_quantization",
             f"keep activations fp32 and fold the int8 weights back: {facts.label}'s "
@@ -83,7 +99,7 @@ def recommend(att: dict, a: ModelFacts, b: ModelFacts, runtime: str, target: str
             "the dequantized weights",
             f"its quantize/dequantize work ({q:.2f} ms) and integer products ({i:.2f} ms) run on "
             f"{runtime} on {target} without a fast int8 path",
-            facts.folded_path, max(side_ms - q - i + est, 0.0), measured.get(facts.folded_path)))
+            facts.folded_path, max(predicted, 0.0), measured.get(facts.folded_path)))
 
     # 2. the faster of the two as it is
     ratio = slow_ms / min(a_ms, b_ms) if min(a_ms, b_ms) > 0 else float("inf")
@@ -163,11 +179,16 @@ def verdict(recs: list[Recommendation], att: dict, a: ModelFacts, b: ModelFacts,
     best = recs[0]
     slower_label = b.label if att["b_ms"] > att["a_ms"] else a.label
     why = best.why
+    noise = att.get("noise_ms")
+    caveat = ""
+    if noise is not None and abs(att["delta_ms"]) <= noise:
+        caveat = (f"; but B-A ({att['delta_ms']:+.2f} ms) is within the measurement noise "
+                  f"(+-{noise:.2f} ms): rerun on a quieter machine before deciding")
     if best.id == "fold_quantization":
         name = best.model.rsplit("/", 1)[-1]
         return (f"on {target} with {runtime}: ship {name} (fp32 activations, dequantized int8 "
                 f"weights): {best.measured_ms:.2f} ms measured vs {att['a_ms']:.2f} ms "
-                f"({a.label}) and {att['b_ms']:.2f} ms ({b.label}); {why}")
+                f"({a.label}) and {att['b_ms']:.2f} ms ({b.label}); {why}{caveat}")
     ms = best.measured_ms if best.measured_ms is not None else best.predicted_ms
     return (f"on {target} with {runtime}: {best.action} ({ms:.2f} ms vs "
-            f"{max(att['a_ms'], att['b_ms']):.2f} ms for {slower_label}); {why}")
+            f"{max(att['a_ms'], att['b_ms']):.2f} ms for {slower_label}); {why}{caveat}")

@@ -161,7 +161,12 @@ def test_folding_is_recommended_and_ranked_by_its_measurement():
     recs = recommend(att, a, b, "onnxruntime", "x86-avx2", {"b.fp32w.onnx": 0.9}, 1000.0, 25.6)
     assert recs[0].id == "fold_quantization"
     assert recs[0].measured_ms == 0.9
-    assert recs[0].predicted_ms == pytest.approx(10.0 - 2.0 - 8.0 + 1.0)
+    # a precision variant (same FLOPs): folding predicts the fp32 model's kernels back
+    assert recs[0].predicted_ms == pytest.approx(1.0)
+    smaller = ModelFacts("b.onnx", "b.onnx", "int8 (dynamic)", 2.5e8, True, "b.fp32w.onnx")
+    other = recommend(att, a, smaller, "onnxruntime", "x86-avx2", {}, 1000.0, 25.6)
+    fold = next(r for r in other if r.id == "fold_quantization")
+    assert fold.predicted_ms == pytest.approx(10.0 - 2.0 - 8.0 + 1e9 / 1e9)
     assert {r.id for r in recs} >= {"fold_quantization", "ship_a"}
     line = verdict(recs, att, a, b, "onnxruntime", "x86-avx2")
     assert "b.fp32w.onnx" in line and "\n" not in line
@@ -192,3 +197,12 @@ def test_the_variant_is_recommended_when_it_is_faster():
     recs = recommend(att, a, b, "tvmopt", "x86-avx2", {}, None, 25.6)
     assert recs[0].id == "ship_b"
     assert "ship dw.onnx" in verdict(recs, att, a, b, "tvmopt", "x86-avx2")
+
+
+def test_a_difference_inside_the_noise_is_said_so():
+    att = _att(1.0, 1.1, b_int=1.1)
+    att["noise_ms"] = 0.5
+    a = ModelFacts("std.onnx", "std.onnx", "fp32", 4e9, False)
+    b = ModelFacts("dw.onnx", "dw.onnx", "fp32", 1e9, False)
+    recs = recommend(att, a, b, "tvmopt", "x86-avx2", {}, None, 25.6)
+    assert "within the measurement noise" in verdict(recs, att, a, b, "tvmopt", "x86-avx2")
