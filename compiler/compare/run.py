@@ -228,7 +228,8 @@ def run_compare(opts: CompareOptions, log=print) -> dict:
                 raise UnsupportedOpError(f"tvmopt cannot build {m.path}: "
                                          f"{_unsupported_message(m.proto, missing)}")
     runners = {}
-    for rt in opts.runtimes:
+    # onnxruntime sessions first: a model it cannot load fails before any compile
+    for rt in sorted(opts.runtimes, key=lambda r: r != "onnxruntime"):
         for m in models:
             r = _tvm_runner(m, opts, out, log) if rt == "tvmopt" else _ort_runner(m, opts)
             _feeds_check(r, m)
@@ -284,14 +285,16 @@ def run_compare(opts: CompareOptions, log=print) -> dict:
             "host": _host()}
     if len(docs) == 1:
         return {**head, **next(iter(docs.values()))}
-    best = min(((rt, k, v) for (rt, k), v in med.items()), key=lambda t: t[2])
+    ranked = sorted(((rt, k, v) for (rt, k), v in med.items()), key=lambda t: t[2])
+    best, runner_up = ranked[0], ranked[1]
     name = Path(by_key[best[1]].path).name
     rec = next((r for r in docs[best[0]]["recommendations"]
                 if r["model"] == by_key[best[1]].path), None)
     return {**head, "runtimes": docs,
             "verdict": (f"on {hw.name}: ship {name} with {best[0]} ({best[2]:.2f} ms, the fastest "
-                        f"of {len(med)} measured (model, runtime) pairs)"
-                        + (f"; {rec['why']}" if rec else ""))}
+                        f"of {len(med)} measured (model, runtime) pairs; next "
+                        f"{Path(by_key[runner_up[1]].path).name} with {runner_up[0]}, "
+                        f"{runner_up[2]:.2f} ms)" + (f"; {rec['why']}" if rec else ""))}
 
 
 def _host() -> dict:
