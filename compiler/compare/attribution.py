@@ -73,12 +73,15 @@ def _top_kernels(a: Profile, b: Profile, cause: str, n: int = 3) -> list[dict]:
     return rows[:n]
 
 
-def attribute(a: Profile, b: Profile, bandwidth_gbs: float | None = None) -> dict:
+def attribute(a: Profile, b: Profile, bandwidth_gbs: float | None = None,
+              b_fewer_flops: bool | None = None) -> dict:
     """Attribute b.measured_ms - a.measured_ms to causes.
 
     Args:
         a, b: the two profiles on one runtime.
         bandwidth_gbs: the target's memory bandwidth, to report achieved bandwidth against.
+        b_fewer_flops: B's graph does clearly less arithmetic than A's (None: judge from the
+            profiles' FLOPs), which names a negative dense-compute delta as compute saved.
 
     Returns:
         {"a_ms", "b_ms", "delta_ms", "ratio", "attribution": [{cause, label, delta_ms, share,
@@ -103,7 +106,8 @@ def attribute(a: Profile, b: Profile, bandwidth_gbs: float | None = None) -> dic
                                          for side, p in (("a", a), ("b", b))}
         if cause == "compute" and d < 0:
             # fewer FLOPs overall: the variant saves compute; as many: it moved to other kernels
-            saved = sum(fb.values()) < 0.9 * sum(fa.values())
+            saved = (sum(fb.values()) < 0.9 * sum(fa.values()) if b_fewer_flops is None
+                     else b_fewer_flops)
             row["label"] = ("compute saved by the variant" if saved
                             else "dense compute replaced by other kernels")
         if cause in ("memory_bound", "low_intensity_conv"):
@@ -127,6 +131,17 @@ def _achieved(p: Profile, cause: str) -> float | None:
     ks = [k for k in p.kernels if k.cause == cause and k.bytes]
     ms = sum(k.ms * scale for k in ks)
     return sum(k.bytes for k in ks) / ms / 1e6 if ms > 0 else None
+
+
+def median_noise(samples: list[float], reps: int = 400, seed: int = 0) -> float | None:
+    """Half-width of a 95% bootstrap interval of the median of `samples`, in their unit."""
+    if len(samples) < 3:
+        return None
+    rng = np.random.default_rng(seed)
+    x = np.asarray(samples)
+    meds = [np.median(rng.choice(x, x.size)) for _ in range(reps)]
+    lo, hi = np.percentile(meds, [2.5, 97.5])
+    return float((hi - lo) / 2)
 
 
 def delta_noise(a_samples: list[float], b_samples: list[float], reps: int = 400,

@@ -31,6 +31,8 @@ class Recommendation:
         return asdict(self)
 
 
+_LAYOUT_OPS = {"transpose", "reshape", "layout_transform", "concatenate", "split", "squeeze",
+               "flatten", "expand_dims", "strided_slice", "copy", "Transpose", "Reshape"}
 # causes folding the quantization back to fp32 removes (or turns into fp32 compute)
 _FOLDED = ("quantize", "int8_compute", "lost_fusion", "compute", "low_intensity_conv")
 
@@ -39,14 +41,22 @@ def _row(att: dict, cause: str) -> dict:
     return next(r for r in att["attribution"] if r["cause"] == cause)
 
 
+def tie_noise(noise_ms: dict[str, float], path_a: str | None, path_b: str | None,
+              floor_ms: float) -> float:
+    """How far apart two measured medians must be to differ: their intervals combined, and at
+    least 5% of `floor_ms`."""
+    na, nb = noise_ms.get(path_a) or 0.0, noise_ms.get(path_b) or 0.0
+    return max((na * na + nb * nb) ** 0.5, 0.05 * floor_ms)
+
+
 def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
 def recommend(att: dict, a: ModelFacts, b: ModelFacts, runtime: str, target: str,
               measured: dict[str, float], fp32_gflops: float | None,
-              bandwidth_gbs: float | None, other_runtime_ms: dict[str, float] | None = None
-              ) -> list[Recommendation]:
+              bandwidth_gbs: float | None, other_runtime_ms: dict[str, float] | None = None,
+              noise_ms: dict[str, float] | None = None) -> list[Recommendation]:
     """Recommendations for one runtime, best first (measured before predicted-only).
 
     Args:
@@ -59,6 +69,7 @@ def recommend(att: dict, a: ModelFacts, b: ModelFacts, runtime: str, target: str
             integer kernels), or None to use the roofline peak.
         bandwidth_gbs: the target's memory bandwidth.
         other_runtime_ms: medians of A and B on the other runtime (key 'a' / 'b').
+        noise_ms: half-width of a 95% interval of each timed model's median, by path.
     """
     recs: list[Recommendation] = []
     a_ms, b_ms = att["a_ms"], att["b_ms"]
@@ -134,10 +145,17 @@ def recommend(att: dict, a: ModelFacts, b: ModelFacts, runtime: str, target: str
                 f"{top['kernel_count']['a']:.0f}", b.path, b_ms - d,
                 (other_runtime_ms or {}).get("b")))
         elif top["cause"] == "layout":
-            recs.append(Recommendation(
-                "keep_one_layout", f"export {b.label} in one layout end to end (no transposes "
-                "between its convolutions and matmuls)",
-                f"layout transforms add {d:.2f} ms", None, b_ms - d, None))
+            wrapped = sorted({o for k in top["kernels"] if k["model"] == "b"
+                              for o in k["op"].split("+")} - _LAYOUT_OPS)
+            if runtime == "tvmopt" and wrapped:
+                action = (f"keep {b.label}'s convolutions in one layout through the ops between "
+                          f"them: tvmopt's NHWC layout pass wraps {', '.join(wrapped)} in "
+                          "transposes")
+            else:
+                action = (f"export {b.label} in one layout end to end (no transposes between "
+                          "its convolutions and matmuls)")
+            recs.append(Recommendation("keep_one_layout", action,
+                                       f"layout transforms add {d:.2f} ms", None, b_ms - d, None))
         elif top["cause"] == "memory_bound" and bandwidth_gbs:
             row = top
             gbs = (row.get("achieved_gbs") or {}).get("b")
@@ -149,22 +167,24 @@ def recommend(att: dict, a: ModelFacts, b: ModelFacts, runtime: str, target: str
                     f"they reach {gbs:.1f} GB/s of the target's {bandwidth_gbs:g}", b.path,
                     b_ms - row["b_ms"] + at_roof, None))
     if other_runtime_ms:
-        for side, facts in (("a", a), ("b", b)):
-            ms = other_runtime_ms.get(side)
-            other = "onnxruntime" if runtime == "tvmopt" else "tvmopt"
-            if ms is not None and ms < min(a_ms, b_ms):
-                recs.append(Recommendation(
-                    f"switch_to_{other}", f"run {facts.label} on {other}",
-                    f"measured {ms:.2f} ms there in the same run", facts.path, ms, ms))
+        other = "onnxruntime" if runtime == "tvmopt" else "tvmopt"
+        side, ms = min(((k, v) for k, v in other_runtime_ms.items() if v is not None),
+                       key=lambda kv: kv[1], default=(None, None))
+        if ms is not None and ms < min(a_ms, b_ms):
+            facts = a if side == "a" else b
+            recs.append(Recommendation(
+                f"switch_to_{other}", f"run {facts.label} on {other}",
+                f"measured {ms:.2f} ms there in the same run", facts.path, ms, ms))
     # on this runtime first: another runtime is a different deployment, weighed by the verdict
     # across runtimes
     recs.sort(key=lambda r: (r.id.startswith("switch_to_"), r.measured_ms is None,
                              r.measured_ms if r.measured_ms is not None else r.predicted_ms))
     # a rewrite that measures within the noise of shipping a model as it is does not win:
     # the model as it is needs no new graph
-    noise = max(att.get("noise_ms") or 0.0, 0.05 * min(a_ms, b_ms))
     if recs[0].id == "fold_quantization":
         plain = next((r for r in recs if r.id.startswith("ship_")), None)
+        noise = tie_noise(noise_ms or {}, recs[0].model, plain.model if plain else None,
+                          min(a_ms, b_ms))
         if plain is not None and plain.measured_ms - recs[0].measured_ms <= noise:
             recs.remove(plain)
             plain.why += (f" (folding the quantization measured {recs[0].measured_ms:.2f} ms, "

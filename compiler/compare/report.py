@@ -82,6 +82,8 @@ def markdown(doc: dict) -> str:
                   "| cause | A ms | B ms | B-A ms | share | largest kernels |",
                   "|---|---:|---:|---:|---:|---|"]
         for r in d["attribution"]:
+            if max(abs(r["delta_ms"]), r["a_ms"], r["b_ms"]) < 1e-3:
+                continue
             top = "; ".join(f"{k['model'].upper()} `{k['op'][:40]}` {k['ms']:.2f} ms"
                             + (f" ({k['gbs']:.1f} GB/s)" if k.get("gbs") else "")
                             for k in r["kernels"][:3])

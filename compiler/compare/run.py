@@ -200,9 +200,9 @@ def run_compare(opts: CompareOptions, log=print) -> dict:
     from ..bench.closed_loop import measure
     from ..frontend.model_info import estimate_flops
     from ..targets.registry import check_host_can_run, get_target
-    from .attribution import Profile, attribute
+    from .attribution import Profile, attribute, median_noise
     from .profiles import profile_ort, profile_tvm
-    from .recommend import ModelFacts, recommend, verdict
+    from .recommend import ModelFacts, recommend, tie_noise, verdict
 
     hw = get_target(opts.target)
     if "onnxruntime" in opts.runtimes and hw.device != "cpu":
@@ -259,7 +259,8 @@ def run_compare(opts: CompareOptions, log=print) -> dict:
                 ks = profile_ort(m.path, r.factory.feeds(1), opts.threads,
                                  runs=opts.profile_runs, ridge=ridge)
             profiles[m.key] = Profile(med[(rt, m.key)], ks, samples[(rt, m.key)])
-        att = attribute(profiles["a"], profiles["b"], bw)
+        att = attribute(profiles["a"], profiles["b"], bw,
+                        b_fewer_flops=facts["b"].flops < 0.9 * facts["a"].flops)
         dense = [k for k in profiles["a"].kernels + profiles["b"].kernels
                  if k.cause in ("compute", "low_intensity_conv") and k.flops and k.ms > 0]
         rate = (sum(k.flops for k in dense) / sum(k.ms for k in dense) / 1e6) if dense else None
@@ -268,11 +269,14 @@ def run_compare(opts: CompareOptions, log=print) -> dict:
         if len(opts.runtimes) > 1:
             o = "onnxruntime" if rt == "tvmopt" else "tvmopt"
             other = {"a": med[(o, "a")], "b": med[(o, "b")]}
-        recs = recommend(att, facts["a"], facts["b"], rt, hw.name, measured, rate, bw, other)
+        noise = {by_key[k].path: median_noise(samples[(r2, k)]) for (r2, k) in med if r2 == rt}
+        recs = recommend(att, facts["a"], facts["b"], rt, hw.name, measured, rate, bw, other,
+                         noise)
         doc = {**att, "runtime": rt,
                "recommendations": [r.to_json() for r in recs],
                "verdict": verdict(recs, att, facts["a"], facts["b"], rt, hw.name),
                "variants": {k: {"path": by_key[k].path, "p50_ms": v,
+                                "p50_noise_ms": noise[by_key[k].path],
                                 "cv": next(res.steady.cv for key, res in zip(runners, results)
                                            if key == (rt, k))}
                             for (r2, k), v in med.items() if r2 == rt},
@@ -286,6 +290,16 @@ def run_compare(opts: CompareOptions, log=print) -> dict:
     if len(docs) == 1:
         return {**head, **next(iter(docs.values()))}
     ranked = sorted(((rt, k, v) for (rt, k), v in med.items()), key=lambda t: t[2])
+    spread = {key: median_noise(samples[key]) for key in med}
+    # a rewritten model within the noise of a model as it is does not win
+    if ranked[0][1].endswith("_folded"):
+        plain = next((t for t in ranked if not t[1].endswith("_folded")), None)
+        if plain is not None:
+            ties = tie_noise({"x": spread[ranked[0][:2]], "y": spread[plain[:2]]}, "x", "y",
+                             ranked[0][2])
+            if plain[2] - ranked[0][2] <= ties:
+                ranked.remove(plain)
+                ranked.insert(0, plain)
     best, runner_up = ranked[0], ranked[1]
     name = Path(by_key[best[1]].path).name
     rec = next((r for r in docs[best[0]]["recommendations"]

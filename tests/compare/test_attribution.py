@@ -206,3 +206,17 @@ def test_a_difference_inside_the_noise_is_said_so():
     b = ModelFacts("dw.onnx", "dw.onnx", "fp32", 1e9, False)
     recs = recommend(att, a, b, "tvmopt", "x86-avx2", {}, None, 25.6)
     assert "within the measurement noise" in verdict(recs, att, a, b, "tvmopt", "x86-avx2")
+
+
+def test_layout_transforms_around_unconverted_ops_are_named():
+    a = Profile(1.0, [_k("fused_conv2d_add", "compute", 1.0, flops=4e9)])
+    tr = Kernel(name="fused_transpose1_maximum_minimum_transpose2", op="transpose+maximum+"
+                "minimum", cause="layout", calls=1.0, ms=1.0)
+    b = Profile(2.0, [tr, _k("dw", "low_intensity_conv", 0.5)])
+    att = attribute(a, b)
+    a_f = ModelFacts("std.onnx", "std.onnx", "fp32", 4e9, False)
+    b_f = ModelFacts("dw.onnx", "dw.onnx", "fp32", 1e9, False)
+    recs = recommend(att, a_f, b_f, "tvmopt", "x86-avx2", {}, None, 25.6)
+    lay = next(r for r in recs if r.id == "keep_one_layout")
+    assert "maximum, minimum" in lay.action and lay.measured_ms is None
+    assert recs[0].id == "ship_a"
