@@ -220,13 +220,15 @@ def run_compare(opts: CompareOptions, log=print) -> dict:
 
     if "tvmopt" in opts.runtimes:  # refuse before spending a compile on the other model
         from ..errors import UnsupportedOpError
-        from ..frontend.importer import _unsupported_message, unsupported_ops
+        from ..frontend.importer import unsupported_ops
 
         for m in models:
             missing = unsupported_ops(m.proto)
             if missing:
-                raise UnsupportedOpError(f"tvmopt cannot build {m.path}: "
-                                         f"{_unsupported_message(m.proto, missing)}")
+                ops = "; ".join(f"{op} (nodes: {', '.join(nodes[:3])})"
+                                for op, nodes in sorted(missing.items()))
+                raise UnsupportedOpError(f"tvmopt cannot build {m.path}: unsupported ONNX op "
+                                         f"types: {ops}")
     runners = {}
     # onnxruntime sessions first: a model it cannot load fails before any compile
     for rt in sorted(opts.runtimes, key=lambda r: r != "onnxruntime"):
