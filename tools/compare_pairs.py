@@ -28,12 +28,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("out")
     ap.add_argument("--runtime", default="both")
     ap.add_argument("--target", default="x86")
+    ap.add_argument("--no-run", action="store_true",
+                    help="only rebuild the table from the JSON files already in OUT_DIR")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tvmopt = Path(sys.executable).with_name("tvmopt")
     lines = ["| A | B | runtime | A ms | B ms | B/A | named | largest cause (ms) | "
-             "top recommendation | its measured ms |", "|---|---|---|---:|---:|---:|---:|---|---|---:|"]
+             "top recommendation | its measured ms | int8 folded to fp32, measured ms |",
+             "|---|---|---|---:|---:|---:|---:|---|---|---:|---:|"]
     failed = 0
     for pair in json.loads(Path(args.pairs).read_text()):
         a, b = Path(pair["a"]), Path(pair["b"])
@@ -41,9 +44,12 @@ def main(argv: list[str]) -> int:
         cmd = [str(tvmopt), "compare", str(a), str(b), "--runtime", args.runtime, "--target",
                args.target, "-o", str(out / stem), "--json", str(out / f"{stem}.json"),
                "--report", str(out / f"{stem}.md"), "--plot", str(out / f"{stem}.png"), "-q"]
-        print("$", " ".join(cmd), file=sys.stderr, flush=True)
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        (out / f"{stem}.log").write_text(res.stdout + res.stderr)
+        if args.no_run:
+            res = subprocess.CompletedProcess(cmd, 0, "", "")
+        else:
+            print("$", " ".join(cmd), file=sys.stderr, flush=True)
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            (out / f"{stem}.log").write_text(res.stdout + res.stderr)
         if res.returncode:
             failed += 1
             lines.append(f"| {a.name} | {b.name} | failed: {res.stderr.strip()[-200:]} |")
@@ -53,9 +59,12 @@ def main(argv: list[str]) -> int:
             top = max(d["attribution"], key=lambda r: abs(r["delta_ms"]))
             rec = d["recommendations"][0]
             got = "-" if rec["measured_ms"] is None else f"{rec['measured_ms']:.2f}"
+            fold = next((r for r in d["recommendations"] if r["id"] == "fold_quantization"
+                         and r["measured_ms"] is not None), None)
+            folded = "-" if fold is None else f"{fold['measured_ms']:.2f}"
             lines.append(f"| {a.name} | {b.name} | {rt} | {d['a_ms']:.2f} | {d['b_ms']:.2f} | "
                          f"{d['ratio']:.2f}x | {d['explained_share']:.0%} | {top['label']} "
-                         f"({top['delta_ms']:+.2f}) | {rec['action']} | {got} |")
+                         f"({top['delta_ms']:+.2f}) | {rec['action']} | {got} | {folded} |")
     table = "\n".join(lines)
     (out / "summary.md").write_text(table + "\n")
     print(table)

@@ -15,6 +15,17 @@ def _sections(doc: dict) -> list[dict]:
     return list(doc["runtimes"].values()) if "runtimes" in doc else [doc]
 
 
+def scale_warning(d: dict) -> str | None:
+    """A line when the profiled runs and the timed runs disagree a lot (load changed)."""
+    far = {k: v for k, v in d["profile_scale"].items() if not 0.5 <= v <= 2.0}
+    if not far:
+        return None
+    parts = ", ".join(f"{k.upper()} x{v:.2f}" for k, v in far.items())
+    return (f"the profiled runs and the timed runs disagree ({parts}): the machine's load changed "
+            "between them, so the split follows the profile's mix at the timed size; rerun on "
+            "a quieter machine for figures to keep")
+
+
 def _ms(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
@@ -44,6 +55,9 @@ def print_compare(doc: dict) -> None:
                   f"{d['unexplained_ms'] / d['delta_ms']:.0%}" if d["delta_ms"] else "-", "")
         console.print(t)
         console.print(f"explained by named causes: {d['explained_share']:.0%} of B-A")
+        warn = scale_warning(d)
+        if warn:
+            console.print(f"[yellow]warning:[/] {escape(warn)}")
         for i, r in enumerate(d["recommendations"], 1):
             console.print(f"  {i}. {escape(r['action'])}: predicted {_ms(r['predicted_ms'])} ms, "
                           f"measured {_ms(r['measured_ms'])} ms ({escape(r['why'])})")
@@ -95,7 +109,8 @@ def markdown(doc: dict) -> str:
                               for k in d.get("unexplained_kernels", [])[:3]) + " |", "",
                   f"Named causes explain {d['explained_share']:.0%} of B-A. Kernel times come "
                   f"from each runtime's profiler, scaled to the measured medians (scale A "
-                  f"{d['profile_scale']['a']:.2f}, B {d['profile_scale']['b']:.2f}).", "",
+                  f"{d['profile_scale']['a']:.2f}, B {d['profile_scale']['b']:.2f})."
+                  + (f" Warning: {scale_warning(d)}." if scale_warning(d) else ""), "",
                   "| # | recommendation | predicted ms | measured ms | why |",
                   "|---|---|---:|---:|---|"]
         for i, r in enumerate(d["recommendations"], 1):

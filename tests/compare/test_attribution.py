@@ -220,3 +220,10 @@ def test_layout_transforms_around_unconverted_ops_are_named():
     lay = next(r for r in recs if r.id == "keep_one_layout")
     assert "maximum, minimum" in lay.action and lay.measured_ms is None
     assert recs[0].id == "ship_a"
+
+
+def test_profile_and_timing_disagreeing_is_warned():
+    from tvmopt.compare.report import scale_warning
+
+    assert scale_warning({"profile_scale": {"a": 0.9, "b": 1.3}}) is None
+    assert "A x7.40" in scale_warning({"profile_scale": {"a": 7.4, "b": 1.0}})
