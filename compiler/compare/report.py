@@ -142,9 +142,11 @@ def write_plot(docs: list[dict], path) -> None:
         steps = [(r["label"], r["delta_ms"], r["cause"]) for r in d["attribution"]
                  if abs(r["delta_ms"]) > 1e-3]
         steps.append(("unexplained", d["unexplained_ms"], "other"))
+        top = max(d["a_ms"], d["b_ms"])
         for i, (label, delta, cause) in enumerate(steps, 1):
             ax.bar(i, delta, bottom=level, color=colors[cause])
             level += delta
+            top = max(top, level, level - delta)
             labels.append(label)
             xs.append(i)
         ax.bar(len(steps) + 1, d["b_ms"], color="0.3")
@@ -152,6 +154,7 @@ def write_plot(docs: list[dict], path) -> None:
         xs.append(len(steps) + 1)
         ax.set_xticks(xs)
         ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=7)
+        ax.set_ylim(0, top * 1.08)
         ax.set_ylabel("ms per inference")
         ax.set_title(f"{d['runtime']}: A {d['a_ms']:.2f} ms -> B {d['b_ms']:.2f} ms "
                      f"({d['ratio']:.2f}x)", fontsize=9)
