@@ -66,9 +66,12 @@ def _top_kernels(a: Profile, b: Profile, cause: str, n: int = 3) -> list[dict]:
         scale, _ = p.scaled()
         for k in p.kernels:
             if k.cause == cause:
+                # achieved bandwidth says something only where bytes bound the kernel
+                gbs = ({"gbs": k.bytes / (k.ms * scale) / 1e6} if k.bytes and k.ms > 0 and
+                       cause in ("memory_bound", "low_intensity_conv", "layout", "quantize")
+                       else {})
                 rows.append({"model": side, "name": k.name, "op": k.op, "calls": k.calls,
-                             "ms": k.ms * scale, **({"gbs": k.bytes / (k.ms * scale) / 1e6}
-                                                    if k.bytes and k.ms > 0 else {})})
+                             "ms": k.ms * scale, **gbs})
     rows.sort(key=lambda r: r["ms"], reverse=True)
     return rows[:n]
 

@@ -26,6 +26,15 @@ def scale_warning(d: dict) -> str | None:
             "a quieter machine for figures to keep")
 
 
+def _where(k: dict) -> str:
+    """A kernel's op family, and the graph node it ran for where the runtime names one."""
+    op = f"`{k['op'][:40]}`"
+    name = k["name"]
+    if name == k["op"] or name.startswith(("fused_", "vm.", "(")) or name in k["op"]:
+        return op
+    return f"{op} ({name if len(name) <= 44 else '...' + name[-41:]})"
+
+
 def _ms(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
@@ -98,14 +107,14 @@ def markdown(doc: dict) -> str:
         for r in d["attribution"]:
             if max(abs(r["delta_ms"]), r["a_ms"], r["b_ms"]) < 1e-3:
                 continue
-            top = "; ".join(f"{k['model'].upper()} `{k['op'][:40]}` {k['ms']:.2f} ms"
+            top = "; ".join(f"{k['model'].upper()} {_where(k)} {k['ms']:.2f} ms"
                             + (f" ({k['gbs']:.1f} GB/s)" if k.get("gbs") else "")
                             for k in r["kernels"][:3])
             lines.append(f"| {r['label']} | {r['a_ms']:.2f} | {r['b_ms']:.2f} | "
                          f"{r['delta_ms']:+.2f} | {r['share']:.0%} | {top} |")
         share = f"{d['unexplained_ms'] / d['delta_ms']:.0%}" if d["delta_ms"] else "-"
         lines += [f"| unexplained | | | {d['unexplained_ms']:+.2f} | {share} | "
-                  + "; ".join(f"{k['model'].upper()} `{k['op'][:40]}` {k['ms']:.2f} ms"
+                  + "; ".join(f"{k['model'].upper()} {_where(k)} {k['ms']:.2f} ms"
                               for k in d.get("unexplained_kernels", [])[:3]) + " |", "",
                   f"Named causes explain {d['explained_share']:.0%} of B-A. Kernel times come "
                   f"from each runtime's profiler, scaled to the measured medians (scale A "
