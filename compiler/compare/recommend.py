@@ -66,7 +66,8 @@ def recommend(att: dict, a: ModelFacts, b: ModelFacts, runtime: str, target: str
         target: the target's name (for the wording).
         measured: medians of extra variants timed in the same run, by path.
         fp32_gflops: achieved fp32 GFLOP/s of this runtime's dense kernels (to predict folded
-            integer kernels), or None to use the roofline peak.
+            integer kernels of a model that is not a precision variant of the other), or None
+            to keep the integer kernels' own time in the prediction.
         bandwidth_gbs: the target's memory bandwidth.
         other_runtime_ms: medians of A and B on the other runtime (key 'a' / 'b').
         noise_ms: half-width of a 95% interval of each timed model's median, by path.
