@@ -17,6 +17,8 @@ Names:
         (`tvmopt.build.compile`).
     plan_model: the per-kernel roofline plan and precision decisions (`tvmopt.build.plan`).
     tune, TuneOptions: MetaSchedule tuning into a database folder (`tvmopt.tuning.tune`).
+    run_compare, CompareOptions: why model B is slower or faster than A, in named causes, with
+        measured recommendations (`tvmopt.compare.run`).
     load: check and load an artifact to run it (`tvmopt.runtime.loader`).
     get_target: a hardware target from the registry (`tvmopt.targets.registry`).
     TvmoptError: the base class of every error the user can act on (`tvmopt.errors`).
@@ -37,6 +39,8 @@ _API = {
     "plan_model": "tvmopt.build.plan",
     "tune": "tvmopt.tuning.tune",
     "TuneOptions": "tvmopt.tuning.tune",
+    "run_compare": "tvmopt.compare.run",
+    "CompareOptions": "tvmopt.compare.run",
     "load": "tvmopt.runtime.loader",
     "get_target": "tvmopt.targets.registry",
     "TvmoptError": "tvmopt.errors",

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 # Commands that import, build, tune or load native code.
-ISOLATED = {"compile", "tune", "inspect", "plan", "bench", "run", "demo"}
+ISOLATED = {"compile", "tune", "inspect", "plan", "bench", "run", "demo", "compare"}
 IN_CHILD = "TVMOPT_IN_CHILD"
 CRASH_EXIT = 3
 

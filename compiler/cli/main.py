@@ -64,9 +64,9 @@ def main(verbose):
 
 
 # Registered here, so command modules never import this one (nor each other).
-from . import bench, compile, db, demo, inspect, plan, rpc, run, targets, tune  # noqa: E402
+from . import bench, compare, compile, db, demo, inspect, plan, rpc, run, targets, tune  # noqa: E402
 
-for _module in (inspect, compile, run, targets, demo, plan, tune, db, rpc, bench):
+for _module in (inspect, compile, run, targets, demo, plan, tune, db, rpc, bench, compare):
     main.add_command(getattr(_module, _module.__name__.rsplit(".", 1)[1]))
 
 if __name__ == "__main__":
