@@ -181,5 +181,5 @@ def print_bundle(bundle) -> None:
     console.print(f"[green]bundle[/] {bundle.path}: {mib:.1f} MiB ({bundle.size_bytes} bytes), "
                   f"{len(bundle.files)} files, no Python")
     console.print(f"  on the board: tar xzf {bundle.path.name} && cd {bundle.top} && "
-                  f"{escape(bundle.run_command)}")
+                  f"{escape(bundle.run_command)}", soft_wrap=True)  # a command to copy: never wrapped
     console.print(f"  (see {bundle.top}/README.txt)")

@@ -348,10 +348,11 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
                                                 if k in syms}, "main")(mod)
         mod = _drop_bound_attrs(mod, set(values))
     main = mod["main"]
-    in_infos = [_struct_to_info(p.name, p.ty) for p in main.params]
+    input_dims = {v.name for p in main.params for v in _shape_vars(p)}
+    in_infos = [_struct_to_info(p.name, p.ty, input_dims) for p in main.params]
     ret = main.ret_ty
     fields = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
-    out_infos = [_struct_to_info(o.name, s) for o, s in zip(outputs, fields)]
+    out_infos = [_struct_to_info(o.name, s, input_dims) for o, s in zip(outputs, fields)]
     return ImportedModel(mod=mod, inputs=in_infos, outputs=out_infos, opset=0)
 
 
