@@ -70,6 +70,13 @@ def print_compile_result(result, shown_path: str | None = None) -> None:
                       f"{kernels.get('layout')})")
         for note in kernels.get("notes") or []:
             console.print(f"  note: {note}")
+    plan = m.get("plan") or {}
+    if plan.get("predicted_ms") is not None:
+        # the roofline's figure is a floor: real kernels reach a fraction of peak
+        bound = " (a lower bound: some sizes are known only at run time)" \
+            if plan.get("unestimated_kernels") else ""
+        console.print(f"  expected latency: >= {plan['predicted_ms']:.3f} ms by the plan's roofline "
+                      f"(no launch or framework overhead){bound}; 'tvmopt bench' measures it")
     tuning = m.get("tuning") or {}
     if tuning.get("database"):
         console.print(f"  tuning db: {tuning['database']} (hit rate {tuning.get('hit_rate', 0):.0%})")
