@@ -26,8 +26,11 @@ from . import options
               help="CPU layout rewrite: let schedules choose weight layouts (prepacked at compile).")
 @click.option("--missing-only", is_flag=True,
               help="Tune only the tasks without a valid record (after a pipeline change).")
+@click.option("--tasks", "task_selection", default="all", show_default=True, metavar="all|slowest:N",
+              help="slowest:N: time every kernel under the default schedules on this host first "
+                   "and tune only the N that cost the most per inference.")
 def tune(model, target, trials, db, max_trials_per_task, shapes, rpc_tracker, rpc_key,
-         trials_per_round, prune_top_k, population, weight_prepack, missing_only):
+         trials_per_round, prune_top_k, population, weight_prepack, missing_only, task_selection):
     """Tune MODEL (.onnx or .pt2) with MetaSchedule (XGBoost cost model) into a resumable database."""
     from ..tuning.report import print_tune_result
     from ..tuning.tune import TuneOptions, tune as run_tune
@@ -37,7 +40,8 @@ def tune(model, target, trials, db, max_trials_per_task, shapes, rpc_tracker, rp
                        max_trials_per_task=max_trials_per_task, shapes=list(shapes),
                        rpc_tracker=rpc_tracker, rpc_key=rpc_key,
                        trials_per_round=trials_per_round, population=population,
-                       weight_prepack=weight_prepack, missing_only=missing_only)
+                       weight_prepack=weight_prepack, missing_only=missing_only,
+                       tasks=task_selection)
     result = run_tune(opts, console=options.err_console)
     print_tune_result(result)
     if prune_top_k:

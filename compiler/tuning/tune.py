@@ -19,6 +19,7 @@ from .database import (MANIFEST_FILE, SanitizeReport, _atomic_write, _json_round
                        check_target, locked, open_json_database, read_manifest, sanitize_files)
 from .interrupt import CtrlC
 from .measure import load_target_intrinsics, make_builder, make_runner, parse_host_port
+from .select import parse_selection, slowest
 from .tasks import TUNE_AFTER_PHASE, Task, extract_tasks
 
 
@@ -112,6 +113,8 @@ class TuneOptions:
             faster per round on few cores, at some cost in schedule quality).
         missing_only: tune only the tasks with no valid record yet (e.g. after a pipeline
             change altered some kernels); tasks already served by the database get no trials.
+        tasks: "all", or "slowest:N": only the N tasks with the most time per inference under
+            the default schedules, timed on this host before tuning (tuning/select.py).
     """
 
     model: str
@@ -127,6 +130,7 @@ class TuneOptions:
     population: int = 512
     weight_prepack: bool = False
     missing_only: bool = False
+    tasks: str | None = None
 
     def __post_init__(self):
         from ..frontend.onnx_model import parse_shapes
@@ -207,6 +211,16 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     tasks = extract_tasks(mod, target)
     if not tasks:
         raise TuningError(f"{opts.model}: no tunable functions after fusion")
+    keep = parse_selection(opts.tasks)
+    if keep is not None:
+        if opts.rpc_tracker:
+            raise TuningError("--tasks slowest:N times kernels on this host; with --rpc-tracker "
+                              "the device differs (use --tasks all)")
+        tasks, costs = slowest(tasks, hw, keep)
+        console.print("tasks by default-schedule time x calls: " + ", ".join(
+            f"{c.name} {c.total_ms:.3f} ms" if c.default_ms is not None else f"{c.name} untimed"
+            for c in sorted(costs, key=lambda c: -c.total_ms)[:max(keep, 5)]))
+        console.print(f"tuning the {len(tasks)} slowest: {', '.join(t.name for t in tasks)}")
 
     with locked(folder):
         manifest = read_manifest(folder)
