@@ -44,7 +44,12 @@ def load_onnx(path: str | Path):
     if model.ir_version <= 0 or not model.HasField("graph") or not model.graph.output:
         raise ModelError(f"{p}: not a valid ONNX model (no ir_version or graph outputs); "
                          "is it truncated or a different format?")
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    # every tensor, Constant attributes and subgraph initializers included: one left unloaded
+    # would reach the importer with no data. onnx refuses locations outside the model's folder
+    # (absolute, '..', symbolic links), so a model cannot read other files through them.
+    if any(uses_external_data(t) for t in _get_all_tensors(model)):
         try:
             from onnx.external_data_helper import load_external_data_for_model
 
