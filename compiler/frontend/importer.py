@@ -8,7 +8,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import ImportFailure, ShapeError, UnsupportedOpError
-from .onnx_model import TensorInfo, resolve_input_shapes
+from .onnx_model import TensorInfo, graph_outputs, resolve_input_shapes
 
 # Ops the importer handles itself rather than through the converter map.
 _BUILTIN_OPS = {"If", "Constant", "Scan", "Loop"}  # Scan/Loop: onnx_ops.control_flow
@@ -348,6 +348,7 @@ def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None
 
     overrides = dict(shape_overrides or {})
     inputs = resolve_input_shapes(model, overrides)
+    declared = graph_outputs(model)
     model = _prepare(model)
     # 8/4/2-bit tensors travel as int8/uint8 carriers inside tvmopt (onnx_ops/narrow.py)
     from .narrow_types import carrier_name
@@ -388,7 +389,31 @@ def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None
         raise ImportFailure(f"import failed: {reason}") from None
     outputs = [TensorInfo(o.name, o.shape, narrow_outputs.get(o.name, o.dtype))
                for o in _output_infos(mod, model)]
+    _check_declared_outputs(declared, outputs)
     return ImportedModel(mod=mod, inputs=inputs, outputs=outputs, opset=opset)
+
+
+def _check_declared_outputs(declared: list[TensorInfo], computed: list[TensorInfo]) -> None:
+    """Refuse a model whose graph outputs declare another dtype, rank or fixed dim than the
+    graph computes (onnxruntime refuses these too): one of the two is not what was meant.
+
+    Raises:
+        ImportFailure: naming the output, what it declares and what the graph computes.
+    """
+    for want, got in zip(declared, computed):
+        if want.dtype not in ("unknown", got.dtype):
+            raise ImportFailure(f"output '{want.name}' is declared {want.dtype}, but the graph "
+                                f"computes {got.dtype}")
+        if want.shape is None or got.shape is None:
+            continue
+        if len(want.shape) != len(got.shape):
+            raise ImportFailure(f"output '{want.name}' is declared with rank {len(want.shape)} "
+                                f"({want.shape_str()}), but the graph computes rank "
+                                f"{len(got.shape)} ({got.shape_str()})")
+        for k, (w, g) in enumerate(zip(want.shape, got.shape)):
+            if isinstance(w, int) and isinstance(g, int) and w != g:
+                raise ImportFailure(f"output '{want.name}' dimension {k} is declared {w}, but "
+                                    f"the graph computes {g} ({got.shape_str()})")
 
 
 def _struct_to_info(name: str, sinfo) -> TensorInfo:

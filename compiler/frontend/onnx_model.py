@@ -58,7 +58,7 @@ def load_onnx(path: str | Path):
             raise ModelError(f"{p}: cannot load external tensor data: {err}") from None
     try:
         onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as err:
+    except (onnx.checker.ValidationError, UnicodeDecodeError) as err:  # a string field's bytes
         first = str(err).strip().splitlines()[0] if str(err).strip() else "invalid model"
         raise ModelError(f"{p}: invalid ONNX model: {first}") from None
     return model
