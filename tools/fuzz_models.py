@@ -12,7 +12,8 @@ through the real `tvmopt compile` entry point, which must turn it into its one-l
 Outcome classes (what `summarize` counts):
   refused:<stage>   a TvmoptError at load / inspect / import / build / run: one line, exit 1
   ok:match          compiled, ran, and matched onnxruntime
-  ok:ort-refuses    compiled and ran; onnxruntime refused the model or these inputs
+  ok:ort-refuses-model   compiled and ran; onnxruntime refused the model itself
+  ok:ort-refuses-inputs  compiled and ran; onnxruntime refused these (random) inputs at run
   bug:traceback     an exception that is not a TvmoptError (the CLI's "internal error", exit 2)
   bug:mismatch      compiled and ran, onnxruntime accepts it, and the results differ
   bug:crash         the worker died by a signal (and whether the CLI isolated it)
@@ -376,10 +377,13 @@ def check(data: bytes) -> dict:
             so = ort.SessionOptions()
             so.log_severity_level = 4
             sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        except Exception as err:  # noqa: BLE001
+            return {"outcome": "ok:ort-refuses-model", "reason": _last_line(err)}
+        try:
             names = [o.name for o in sess.get_outputs()]
             theirs = dict(zip(names, sess.run(None, state["feeds"])))
         except Exception as err:  # noqa: BLE001
-            return {"outcome": "ok:ort-refuses", "reason": _last_line(err)}
+            return {"outcome": "ok:ort-refuses-inputs", "reason": _last_line(err)}
         diff = _compare(state["ours"], theirs)
         if diff:
             return {"outcome": "bug:mismatch", "reason": diff}
@@ -509,7 +513,7 @@ def summarize(results: list[dict]) -> dict:
             "by_kind": {k: dict(sorted(v.items())) for k, v in sorted(by_kind.items())},
             "bugs": bugs,
             "ort_refuses": [{k: r[k] for k in ("seed_model", "kind", "mutation", "reason")}
-                            for r in results if r["outcome"] == "ok:ort-refuses"]}
+                            for r in results if r["outcome"].startswith("ok:ort-refuses")]}
 
 
 def main(argv=None) -> int:
