@@ -121,6 +121,11 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     model = load_onnx(opts.model)
     imported = import_onnx(model, opts.shapes, allow_newer_opset=opts.allow_newer_opset)
     timings["import_s"] = time.perf_counter() - t0
+    from ..frontend.onnx_model import nonfinite_weights
+
+    bad_weights = nonfinite_weights(model)
+    for w in bad_weights:
+        log(f"warning: {w}")
 
     target = hw.to_tvm()
     dump = _dumper(opts.save_temps)
@@ -168,7 +173,8 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         "model": {"file": Path(opts.model).name, "sha256": sha256_file(opts.model),
                   "opset": imported.opset,
                   "declared_opset": model_opset(model),
-                  "allow_newer_opset": opts.allow_newer_opset},
+                  "allow_newer_opset": opts.allow_newer_opset,
+                  "nonfinite_weights": bad_weights},
         "kernels": kernels_manifest(cfg, replay),
         "tvm_version": _tvm_version(),
         "target": {"name": hw.name, "device": hw.device, "arch": hw.arch,

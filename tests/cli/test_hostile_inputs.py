@@ -229,3 +229,35 @@ def test_rpc_server_listens_on_loopback_unless_told(monkeypatch):
     assert "runs any code sent to it" in res.stderr and "0.0.0.0" in res.stderr
     assert rpc.is_loopback("127.0.0.1") and rpc.is_loopback("::1") and rpc.is_loopback("localhost")
     assert not rpc.is_loopback("0.0.0.0") and not rpc.is_loopback("10.0.0.2")
+
+
+def _weighted_model(w):
+    from onnx import numpy_helper
+
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [vi("x", [2, 4])],
+                          [vi("y", [2, 4])], [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_tensor_whose_bytes_do_not_fit_its_type_and_dims_is_refused(tmp_path):
+    m = _weighted_model(np.ones((2, 4), np.float32))
+    m.graph.initializer[0].data_type = onnx.TensorProto.UINT4  # 32 bytes, 4 would do
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    for cmd in ("inspect", "compile"):
+        _one_error(_invoke(cmd, tmp_path / "m.onnx"), "tensor 'w' (uint4, dims [2, 4]) holds 32 "
+                   "bytes of data, its type and dims need 4")
+
+
+def test_nan_weights_are_warned_about_at_compile_and_inspect(tmp_path):
+    w = np.ones((2, 4), np.float32)
+    w[0, 1] = np.nan
+    onnx.save(_weighted_model(w), str(tmp_path / "m.onnx"))
+    res = _invoke("compile", tmp_path / "m.onnx", "-o", tmp_path / "a.tvmopt")
+    assert res.exit_code == 0, res.output
+    assert "warning: initializer 'w': 1 NaN of 8 values" in res.output
+    m = json.loads((tmp_path / "a.tvmopt" / "manifest.json").read_text())
+    assert m["model"]["nonfinite_weights"] == ["initializer 'w': 1 NaN of 8 values"]
+    info = json.loads(_invoke("inspect", tmp_path / "m.onnx", "--json").output)
+    assert info["nonfinite_weights"] == ["initializer 'w': 1 NaN of 8 values"]
