@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from tvmopt.errors import UnsupportedOpError
+from tvmopt.errors import ImportFailure, UnsupportedOpError
 from tvmopt.frontend import onnx_ops
 from tvmopt.frontend.importer import import_onnx
 
@@ -78,3 +78,20 @@ def test_real_converters_read_what_they_implement():
     mod = import_onnx(_model(q, [_vi("x", [4])], [_vi("y", [4], TP.INT16)], opset=21,
                              inits=[scale])).mod
     assert "int16" in str(mod["main"].ret_ty)
+
+
+def test_constant_gather_indices_outside_a_static_axis_are_refused():
+    idx = numpy_helper.from_array(np.array([0, 3], np.int64), "idx")
+    node = helper.make_node("Gather", ["x", "idx"], ["y"], name="g0", axis=1)
+    with pytest.raises(ImportFailure, match=r"node 'g0' \(Gather.*indices \[3\] are out of range "
+                                        r"for axis 1 of size 3"):
+        import_onnx(_model(node, [_vi("x", [2, 3])], [_vi("y", [2, 2])], inits=[idx]))
+    idx = numpy_helper.from_array(np.array([0, -3], np.int64), "idx")  # negative: from the end
+    assert import_onnx(_model(node, [_vi("x", [2, 3])], [_vi("y", [2, 2])], inits=[idx])).mod
+
+
+def test_narrow_output_type_the_graph_does_not_compute_is_refused():
+    node = helper.make_node("Relu", ["x"], ["y"], name="r")
+    with pytest.raises(ImportFailure, match=r"output 'y' is declared uint4, but the graph computes "
+                                        r"float32 \(not the uint8 carrier of uint4\)"):
+        import_onnx(_model(node, [_vi("x", [2, 3])], [_vi("y", [2, 3], TP.UINT4)]))
