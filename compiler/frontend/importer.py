@@ -235,6 +235,30 @@ def ignored_by_converter(node, attrs: "_ReadAttrs", inputs, opset: int) -> str |
             f"{'; '.join(ignored)}; refusing rather than ignoring it")
 
 
+def _check_empty_inputs(node, opset: int) -> None:
+    """An empty input name stands for an omitted optional input; anywhere else (a variadic
+    input, a required one) it is refused here, before TVM's converters crash on the gap.
+
+    Raises:
+        ImportFailure: naming the node, op and input position.
+    """
+    if all(node.input):
+        return
+    schema = _schema(node.op_type, opset, node.domain if node.domain != "ai.onnx" else "")
+    if schema is None:
+        return
+    from onnx.defs import OpSchema
+
+    for k, name in enumerate(node.input):
+        if name:
+            continue
+        formal = schema.inputs[min(k, len(schema.inputs) - 1)] if schema.inputs else None
+        if formal is None or formal.option != OpSchema.FormalParameterOption.Optional:
+            who = node.name or f"<unnamed {node.op_type}>"
+            raise ImportFailure(f"node '{who}' ({node.op_type}): input {k} is empty, but "
+                                f"'{formal.name if formal else k}' is not optional")
+
+
 class _OneNode:
     """A graph holding one node, for feeding TVM's importer node by node."""
 
@@ -262,6 +286,7 @@ def _make_importer_class():
             from .onnx_ops import control_flow, shape_values
 
             for node in graph.node:
+                _check_empty_inputs(node, self.opset)
                 node = shape_values.materialize_inputs(self.bb, self._nodes, node)
                 if node.op_type in control_flow.UNROLLED:  # they need the importer, not a converter
                     control_flow.unroll(self, node)

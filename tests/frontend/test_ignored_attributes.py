@@ -95,3 +95,10 @@ def test_narrow_output_type_the_graph_does_not_compute_is_refused():
     with pytest.raises(ImportFailure, match=r"output 'y' is declared uint4, but the graph computes "
                                         r"float32 \(not the uint8 carrier of uint4\)"):
         import_onnx(_model(node, [_vi("x", [2, 3])], [_vi("y", [2, 3], TP.UINT4)]))
+
+
+def test_empty_name_for_a_required_or_variadic_input_is_refused():
+    node = helper.make_node("Concat", ["", "x"], ["y"], name="cat", axis=0)
+    with pytest.raises(ImportFailure, match=r"node 'cat' \(Concat\): input 0 is empty, but "
+                                            r"'inputs' is not optional"):
+        import_onnx(_model(node, [_vi("x", [2, 3])], [_vi("y", [2, 3])]))
