@@ -34,6 +34,8 @@ def print_model_info(info) -> None:
     for op, n in info.op_histogram.items():
         t.add_row(op, str(n))
     console.print(t)
+    for w in info.nonfinite_weights:
+        console.print(f"[yellow]warning:[/] {escape(w)}")
     if info.opset_refusal:
         console.print(f"[red]refused:[/] {info.opset_refusal}")
     if info.unsupported:

@@ -275,6 +275,10 @@ def serve(runner, clock, requests: list[Request], policy: BatchPolicy,
                 start[i], finish[i], status[i] = s, f, "ok"
     finally:
         src.close()
+    # a request the client had not handed over by the horizon (issued late on a saturated
+    # host, or put in the queue after the last poll) was not served either: it counts as
+    # timed out, never disappears from the totals
+    status = ["timed_out" if st == "pending" else st for st in status]
     if duration is None:
         duration = float(max(arrival)) if n else 0.0
     return ServerResult(list(requests), arrival, start, finish, status, batches, duration,

@@ -277,6 +277,14 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
     for name, st in doc["baselines"].items():
         if st != "ok":
             warnings.append(f"baseline {name} {st}")
+    # timing a model that computes NaN or Inf measures nothing worth having: say so up front
+    from ..runtime.loader import nonfinite
+
+    probe = tvm_runner(opts.batches[0])
+    probe_outs = probe.lm.run(probe.factory.feeds(opts.batches[0]), check=False)
+    bad = nonfinite(probe_outs, "output")
+    if bad:
+        warnings.append(f"batch {opts.batches[0]}, random inputs: {'; '.join(bad)}")
 
     with RssSampler() as rss:
         # closed loop, batch sweep, interleaved with the baselines

@@ -121,6 +121,11 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     model = model_file.load(opts.model)
     imported = model_file.import_loaded(model, opts.shapes, opts.allow_newer_opset)
     timings["import_s"] = time.perf_counter() - t0
+    from ..frontend.onnx_model import nonfinite_weights
+
+    bad_weights = nonfinite_weights(model) if hasattr(model, "graph") else []  # ONNX only
+    for w in bad_weights:
+        log(f"warning: {w}")
 
     target = hw.to_tvm()
     dump = _dumper(opts.save_temps)
@@ -165,7 +170,8 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         log(f"note: {note}")
 
     manifest = {
-        "model": model_file.manifest_entry(opts.model, model, imported, opts.allow_newer_opset),
+        "model": {**model_file.manifest_entry(opts.model, model, imported, opts.allow_newer_opset),
+                  "nonfinite_weights": bad_weights},
         "kernels": kernels_manifest(cfg, replay),
         "tvm_version": _tvm_version(),
         "tvm_ffi_version": _tvm_ffi_version(),

@@ -9,7 +9,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import ImportFailure, ShapeError, UnsupportedOpError
-from .onnx_model import TensorInfo, resolve_input_shapes
+from .onnx_model import TensorInfo, graph_outputs, resolve_input_shapes
 
 # Ops the importer handles itself rather than through the converter map.
 _BUILTIN_OPS = {"If", "Constant", "Scan", "Loop"}  # Scan/Loop: onnx_ops.control_flow
@@ -93,6 +93,173 @@ def _unsupported_message(model, missing: dict[str, list[str]]) -> str:
     return f"unsupported ONNX op types at opset {opset}: " + "; ".join(parts)
 
 
+class _ReadAttrs(dict):
+    """A converter's attribute dict that records which attributes the converter looked at.
+
+    Listing, copying or iterating counts as reading all of them (the converter may pass them
+    on wholesale), so the check errs towards accepting, never towards a false refusal.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read: set = set()
+        self.all_read = False
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+    def pop(self, key, *default):
+        self.read.add(key)
+        return super().pop(key, *default)
+
+    def setdefault(self, key, default=None):
+        self.read.add(key)
+        return super().setdefault(key, default)
+
+    def _everything(self):
+        self.all_read = True
+
+    def __iter__(self):
+        self._everything()
+        return super().__iter__()
+
+    def keys(self):
+        self._everything()
+        return super().keys()
+
+    def items(self):
+        self._everything()
+        return super().items()
+
+    def values(self):
+        self._everything()
+        return super().values()
+
+    def copy(self):
+        self._everything()
+        return dict(super().items())
+
+
+def _read_inputs_class():
+    from tvm.relax.frontend.onnx.onnx_frontend import onnx_input
+
+    class ReadInputs(onnx_input):
+        """The node's inputs, recording which positions the converter took."""
+
+        def __init__(self, items):
+            super().__init__(items)
+            self.read: set = set()
+            self.all_read = False
+
+        def __getitem__(self, item):
+            if isinstance(item, int):
+                self.read.add(item if item >= 0 else len(self) + item)
+                return list.__getitem__(self, item) if item < len(self) else None
+            return super().__getitem__(item)
+
+        def __iter__(self):
+            self.all_read = True
+            return super().__iter__()
+
+    return ReadInputs
+
+
+def _schema(op_type: str, opset: int, domain: str = ""):
+    import onnx.defs
+
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:  # noqa: BLE001 - no schema: a contrib op
+        return None
+
+
+def _is_default(schema, attr_proto) -> bool:
+    """Whether an attribute as set on the node equals the spec's default for it."""
+    from onnx import helper
+
+    if schema is None or attr_proto.name not in schema.attributes:
+        return False
+    default = schema.attributes[attr_proto.name].default_value
+    if default is None or not default.name and default.type == 0:
+        return False  # no default in the spec: setting it always means something
+    try:
+        return helper.get_attribute_value(attr_proto) == helper.get_attribute_value(default)
+    except Exception:  # noqa: BLE001 - an unreadable value is not the default
+        return False
+
+
+def _show(attr_proto) -> str:
+    from onnx import helper
+
+    try:
+        value = helper.get_attribute_value(attr_proto)
+    except Exception:  # noqa: BLE001
+        return "?"
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    text = repr(value) if isinstance(value, (str, int, float, list, tuple)) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def ignored_by_converter(node, attrs: "_ReadAttrs", inputs, opset: int) -> str | None:
+    """What of `node` its converter did not read (attributes set to a non-default value, given
+    optional inputs), as a refusal message; None when the converter read everything.
+
+    A converter that never looks at an attribute computes the op as if it had its default:
+    a different model that compiles and runs without a word.
+    """
+    schema = _schema(node.op_type, opset, node.domain if node.domain != "ai.onnx" else "")
+    ignored = []
+    if not attrs.all_read:
+        for a in node.attribute:
+            if a.name not in attrs.read and not _is_default(schema, a):
+                ignored.append(f"attribute {a.name}={_show(a)}")
+    if not getattr(inputs, "all_read", True):
+        for k, name in enumerate(node.input):
+            if name and k not in inputs.read:
+                label = (schema.inputs[k].name if schema is not None and k < len(schema.inputs)
+                         else f"#{k}")
+                ignored.append(f"input {k} ('{label}' = {name})")
+    if not ignored:
+        return None
+    who = node.name or f"<unnamed {node.op_type}>"
+    return (f"node '{who}' ({node.op_type}, opset {opset}): the converter does not implement "
+            f"{'; '.join(ignored)}; refusing rather than ignoring it")
+
+
+def _check_empty_inputs(node, opset: int) -> None:
+    """An empty input name stands for an omitted optional input; anywhere else (a variadic
+    input, a required one) it is refused here, before TVM's converters crash on the gap.
+
+    Raises:
+        ImportFailure: naming the node, op and input position.
+    """
+    if all(node.input):
+        return
+    schema = _schema(node.op_type, opset, node.domain if node.domain != "ai.onnx" else "")
+    if schema is None:
+        return
+    from onnx.defs import OpSchema
+
+    for k, name in enumerate(node.input):
+        if name:
+            continue
+        formal = schema.inputs[min(k, len(schema.inputs) - 1)] if schema.inputs else None
+        if formal is None or formal.option != OpSchema.FormalParameterOption.Optional:
+            who = node.name or f"<unnamed {node.op_type}>"
+            raise ImportFailure(f"node '{who}' ({node.op_type}): input {k} is empty, but "
+                                f"'{formal.name if formal else k}' is not optional")
+
+
 class _OneNode:
     """A graph holding one node, for feeding TVM's importer node by node."""
 
@@ -120,10 +287,12 @@ def _make_importer_class():
             from .onnx_ops import control_flow, shape_values
 
             for node in graph.node:
+                _check_empty_inputs(node, self.opset)
                 node = shape_values.materialize_inputs(self.bb, self._nodes, node)
                 if node.op_type in control_flow.UNROLLED:  # they need the importer, not a converter
                     control_flow.unroll(self, node)
                     continue
+                self._current_node = node
                 super()._construct_nodes(_OneNode(node))
             # A graph output that is a shape value (e.g. Shape(x) itself) leaves as a tensor.
             for out in graph.output:
@@ -137,6 +306,11 @@ def _make_importer_class():
             if op_name not in cmap:
                 raise UnsupportedOpError(f"unsupported ONNX op type {op_name} at opset {opset}")
             node_name = attrs.get("tvm_custom", {}).get("name") or "<unnamed>"
+            node = getattr(self, "_current_node", None)
+            if node is not None and node.op_type == op_name:
+                attrs = _ReadAttrs(attrs)
+                attrs.read.add("tvm_custom")
+                inputs = _read_inputs_class()(list.__iter__(inputs))
             try:
                 sym = cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
                                                           [self._nodes, self._params])
@@ -146,6 +320,10 @@ def _make_importer_class():
                 msg = str(err).strip().splitlines()
                 reason = msg[-1] if msg else type(err).__name__
                 raise ImportFailure(f"node '{node_name}' ({op_name}, opset {opset}): {reason}") from err
+            if isinstance(attrs, _ReadAttrs):
+                ignored = ignored_by_converter(node, attrs, inputs, opset)
+                if ignored:
+                    raise UnsupportedOpError(ignored)
             if isinstance(sym, relax.Expr):
                 sym = self.bb.normalize(sym)
             return sym
@@ -196,6 +374,7 @@ def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None
 
     overrides = dict(shape_overrides or {})
     inputs = resolve_input_shapes(model, overrides)
+    declared = graph_outputs(model)
     model = _prepare(model)
     # 8/4/2-bit tensors travel as int8/uint8 carriers inside tvmopt (onnx_ops/narrow.py)
     from .narrow_types import carrier_name
@@ -234,9 +413,29 @@ def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None
             raise ShapeError(f"import failed with symbolic dimensions {', '.join(symbolic)}: "
                              f"{reason}; pass --shape to make them static") from None
         raise ImportFailure(f"import failed: {reason}") from None
-    outputs = [TensorInfo(o.name, o.shape, narrow_outputs.get(o.name, o.dtype))
-               for o in _output_infos(mod, model, inputs)]
+    computed = _output_infos(mod, model, inputs)
+    _check_declared_outputs(declared, computed)
+    outputs = [TensorInfo(o.name, o.shape, narrow_outputs.get(o.name, o.dtype)) for o in computed]
     return ImportedModel(mod=mod, inputs=inputs, outputs=outputs, opset=opset)
+
+
+def _check_declared_outputs(declared: list[TensorInfo], computed: list[TensorInfo]) -> None:
+    """Refuse a model whose graph outputs declare another dtype than the graph computes
+    (onnxruntime refuses these too): one of the two is not what was meant. Declared dims are
+    not compared: exporters write the example's size of a data-dependent output (NMS).
+
+    Raises:
+        ImportFailure: naming the output, what it declares and what the graph computes.
+    """
+    from .narrow_types import by_name, carrier_name
+
+    for want, got in zip(declared, computed):
+        # 8/4/2-bit outputs leave the graph as their int8/uint8 carriers
+        if want.dtype != "unknown" and carrier_name(want.dtype) != got.dtype:
+            computes = got.dtype if by_name(want.dtype) is None else f"{got.dtype} (not the " \
+                f"{carrier_name(want.dtype)} carrier of {want.dtype})"
+            raise ImportFailure(f"output '{want.name}' is declared {want.dtype}, but the graph "
+                                f"computes {computes}")
 
 
 def _struct_to_info(name: str, sinfo, input_dims: set[str]) -> TensorInfo:

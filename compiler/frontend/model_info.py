@@ -29,6 +29,7 @@ class ModelInfo:
     unsupported: dict[str, list[str]] = field(default_factory=dict)
     opset_refusal: str | None = None  # why the opset is refused (newer than the importer knows)
     format: str = "onnx"  # or "torch.export" (frontend.torch_program.describe): no opset, no IR
+    nonfinite_weights: list[str] = field(default_factory=list)  # initializers with NaN/Inf
 
     def to_json(self) -> dict:
         d = dict(self.__dict__)
@@ -114,7 +115,7 @@ def inspect_model(path: str | Path, model=None) -> ModelInfo:
 
     from .importer import model_opset, opset_verdict, unsupported_ops
     from .narrow_types import by_onnx
-    from .onnx_model import load_onnx
+    from .onnx_model import load_onnx, nonfinite_weights
 
     model = model if model is not None else load_onnx(path)
     params = 0
@@ -143,5 +144,5 @@ def inspect_model(path: str | Path, model=None) -> ModelInfo:
         op_histogram=dict(Counter(n.op_type for n in model.graph.node).most_common()),
         node_count=len(model.graph.node), parameter_count=params, parameter_bytes=pbytes,
         flops=flops, flops_note=note, unsupported=unsupported_ops(model),
-        opset_refusal=opset_verdict(model),
+        opset_refusal=opset_verdict(model), nonfinite_weights=nonfinite_weights(model),
     )

@@ -6,6 +6,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import ModelError, ShapeError
 
 
@@ -44,19 +46,79 @@ def load_onnx(path: str | Path):
     if model.ir_version <= 0 or not model.HasField("graph") or not model.graph.output:
         raise ModelError(f"{p}: not a valid ONNX model (no ir_version or graph outputs); "
                          "is it truncated or a different format?")
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    # every tensor, Constant attributes and subgraph initializers included: one left unloaded
+    # would reach the importer with no data. onnx refuses locations outside the model's folder
+    # (absolute, '..', symbolic links), so a model cannot read other files through them.
+    if any(uses_external_data(t) for t in _get_all_tensors(model)):
         try:
             from onnx.external_data_helper import load_external_data_for_model
 
             load_external_data_for_model(model, str(p.parent))
         except Exception as err:
             raise ModelError(f"{p}: cannot load external tensor data: {err}") from None
+    _check_tensor_sizes(model, p)
     try:
         onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as err:
+    except (onnx.checker.ValidationError, UnicodeDecodeError) as err:  # a string field's bytes
         first = str(err).strip().splitlines()[0] if str(err).strip() else "invalid model"
         raise ModelError(f"{p}: invalid ONNX model: {first}") from None
     return model
+
+
+# Bits per element of the types onnx packs below a byte.
+_PACKED_BITS = {21: 4, 22: 4, 23: 4, 24: 2, 25: 2}  # uint4, int4, float4e2m1, int2, uint2
+
+
+def _check_tensor_sizes(model, path) -> None:
+    """Refuse a tensor whose raw bytes do not hold exactly its dims' elements of its type (the
+    checker does not look; the importer would fail on a reshape far from the cause).
+
+    Raises:
+        ModelError: naming the tensor, its type and dims, and both byte counts.
+    """
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors
+
+    for t in _get_all_tensors(model):
+        if not t.HasField("raw_data") or t.data_type in (0, onnx.TensorProto.STRING):
+            continue
+        n = int(np.prod(t.dims, dtype=np.int64)) if t.dims else 1
+        try:
+            bits = _PACKED_BITS.get(t.data_type) or 8 * np.dtype(
+                onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        except (KeyError, TypeError, ValueError):
+            raise ModelError(f"{path}: tensor '{t.name}' has unknown data_type {t.data_type}") from None
+        need = (n * bits + 7) // 8
+        if len(t.raw_data) != need:
+            type_name = onnx.TensorProto.DataType.Name(t.data_type).lower()
+            raise ModelError(f"{path}: tensor '{t.name}' ({type_name}, dims {list(t.dims)}) holds "
+                             f"{len(t.raw_data)} bytes of data, its type and dims need {need}")
+
+
+def nonfinite_weights(model) -> list[str]:
+    """Initializers and Constant values holding NaN or Inf, one line each ("initializer
+    'beta': 1 NaN of 6 values"): almost always a broken export, and where NaN meets Relu, Clip,
+    Max or Min TVM returns the other operand, where onnxruntime propagates the NaN."""
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import _get_all_tensors
+
+    out = []
+    for t in _get_all_tensors(model):
+        if t.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                               onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+            continue
+        try:
+            a = numpy_helper.to_array(t).astype(np.float32)
+        except Exception:  # noqa: BLE001 - unreadable data is load_onnx's to refuse
+            continue
+        nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
+        if nan or inf:
+            parts = [f"{k} {what}" for k, what in ((nan, "NaN"), (inf, "Inf")) if k]
+            out.append(f"initializer '{t.name or '<constant>'}': {', '.join(parts)} of {a.size} values")
+    return out
 
 
 @dataclass(frozen=True)

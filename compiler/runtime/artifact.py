@@ -106,6 +106,17 @@ def read_artifact(path: str | Path, check_hashes: bool = True) -> Artifact:
     if manifest["format"] != FORMAT_VERSION:
         raise ArtifactError(f"{mf}: manifest format {manifest['format']}, this tvmopt reads "
                             f"{FORMAT_VERSION}; recompile the model")
+    # the manifest names the files to hash and the library to load: both must be plain names
+    # inside the folder, or an edited manifest could load a library it never hashed
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        raise ArtifactError(f"{mf}: 'files' is not a map of file names to sha256")
+    for name in [*files, manifest.get("library", LIBRARY)]:
+        if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+            raise ArtifactError(f"{mf}: file name {name!r} is not a plain name inside the artifact")
+    if manifest.get("library", LIBRARY) not in files:
+        raise ArtifactError(f"{mf}: the library {manifest.get('library', LIBRARY)!r} has no sha256 "
+                            "in the manifest; refusing to load unverified code")
     if check_hashes:
         for name, digest in manifest["files"].items():
             fp = p / name

@@ -50,6 +50,26 @@ def check_inputs(expected: list[TensorInfo], given: dict[str, np.ndarray]) -> di
     return bound
 
 
+def nonfinite(arrays: dict[str, np.ndarray], kind: str) -> list[str]:
+    """One line per floating-point array holding NaN or Inf, e.g. "input 'x': 3 NaN, 1 Inf
+    of 64 values"; empty when every value is finite (integer arrays always are)."""
+    out = []
+    for name, arr in arrays.items():
+        a = np.asarray(arr)
+        if a.dtype.kind not in "fc":
+            try:  # 8/4-bit floats (ml_dtypes) are kind 'V'; widen them to look
+                a = a.astype(np.float32) if a.dtype.kind == "V" else None
+            except (TypeError, ValueError):
+                a = None
+            if a is None:
+                continue
+        nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
+        if nan or inf:
+            parts = [f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "Inf")) if n]
+            out.append(f"{kind} '{name}': {', '.join(parts)} of {a.size} values")
+    return out
+
+
 def _device_for(manifest: dict):
     import tvm
 

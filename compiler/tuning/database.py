@@ -149,6 +149,58 @@ def check_target(folder: Path, manifest: dict | None, hw) -> None:
                  f"{hw.name} --db NEW_DIR`")
 
 
+def check_tvm_version(folder: Path, manifest: dict | None) -> None:
+    """Refuse a database tuned with another TVM release: its traces replay another version's
+    schedule primitives, which may not apply or may mean something else.
+
+    Raises:
+        TuningError: naming both versions.
+    """
+    import tvm
+
+    theirs = (manifest or {}).get("tvm_version")
+    if theirs is None or _release(theirs) == _release(tvm.__version__):
+        return
+    raise TuningError(f"database {folder} was tuned with TVM {theirs}, this is TVM "
+                      f"{tvm.__version__}: its schedules may not apply or may mean something "
+                      "else", hint="tune again with `tvmopt tune MODEL --db NEW_DIR`")
+
+
+def _release(version: str) -> str:
+    """'0.27.0.post1' -> '0.27.0': a post release repackages the same TVM."""
+    import re
+
+    m = re.match(r"\d+(\.\d+)*", version.strip())
+    return m.group(0) if m else version
+
+
+# What makes records of one target unusable for another (num-cores, say, does not).
+_TARGET_KEYS = ("mtriple", "mcpu", "mattr", "arch")
+
+
+def _target_key(target) -> tuple:
+    return (target.kind.name,) + tuple(str(target.attrs.get(k)) for k in _TARGET_KEYS)
+
+
+def check_record_targets(folder: Path, records, target) -> None:
+    """Refuse a database holding records measured for another target than `target`, whatever
+    its manifest says (MetaSchedule looks records up by workload alone).
+
+    Raises:
+        TargetError: naming how many records and which target they were measured for.
+    """
+    want = _target_key(target)
+    other = [r for r in records if r.target is not None and _target_key(r.target) != want]
+    if other:
+        theirs = other[0].target
+        raise TargetError(
+            f"database {folder} holds {len(other)} of {len(records)} records measured for "
+            f"{theirs.kind.name} {dict((k, str(theirs.attrs.get(k))) for k in _TARGET_KEYS if theirs.attrs.get(k) is not None)}, "
+            f"not this compile's {target.kind.name} "
+            f"{dict((k, str(target.attrs.get(k))) for k in _TARGET_KEYS if target.attrs.get(k) is not None)}",
+            hint="tune for this target with `tvmopt tune MODEL --db NEW_DIR`")
+
+
 def _json_roundtrip(obj):
     return json.loads(json.dumps(obj))
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TuningError
-from .database import (RECORD_FILE, SanitizeReport, _valid_secs, check_target, database_sha256,
-                       open_json_database, read_manifest, sanitize_files)
+from .database import (RECORD_FILE, SanitizeReport, _valid_secs, check_record_targets,
+                       check_target, check_tvm_version, database_sha256, open_json_database,
+                       read_manifest, sanitize_files)
 from .tasks import extract_tasks
 
 
@@ -57,6 +58,7 @@ def open_for_replay(folder: str | Path, hw, fused_mod) -> Replay:
                           hint="create one with `tvmopt tune MODEL --db DIR`")
     manifest = read_manifest(folder)
     check_target(folder, manifest, hw)
+    check_tvm_version(folder, manifest)
     target = hw.to_tvm()
     with tempfile.TemporaryDirectory() as tmp:
         rep = sanitize_files(folder, Path(tmp))
@@ -65,7 +67,9 @@ def open_for_replay(folder: str | Path, hw, fused_mod) -> Replay:
         from tvm.s_tir import meta_schedule as ms
 
         db = ms.database.MemoryDatabase()
-        for rec in src.get_all_tuning_records():
+        records = src.get_all_tuning_records()
+        check_record_targets(folder, records, target)
+        for rec in records:
             if _valid_secs(rec) is None:
                 continue  # a failed measurement is no schedule to replay
             wl = db.commit_workload(rec.workload.mod)

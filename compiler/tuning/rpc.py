@@ -28,7 +28,19 @@ def start_tracker(host: str = "0.0.0.0", port: int = 9190):
     return Tracker(host, port=port, port_end=port + 10, silent=True)
 
 
-def start_server(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090):
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback interface only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def start_server(tracker: str, key: str, host: str = "127.0.0.1", port: int = 9090):
     """Start an RPC server in a child process registered with `tracker` ('HOST:PORT') as `key`."""
     from tvm.rpc.server import Server
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..errors import TuningError
 from .database import (MANIFEST_FILE, SanitizeReport, _atomic_write, _json_roundtrip, _valid_secs,
-                       check_target, locked, open_json_database, read_manifest, sanitize_files)
+                       check_record_targets, check_target, check_tvm_version, locked,
+                       open_json_database, read_manifest, sanitize_files)
 from .interrupt import CtrlC
 from .measure import load_target_intrinsics, make_builder, make_runner, parse_host_port
 from .select import parse_selection, slowest
@@ -225,12 +226,14 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     with locked(folder):
         manifest = read_manifest(folder)
         check_target(folder, manifest, hw)
+        check_tvm_version(folder, manifest)
         if manifest is not None and bool(manifest.get("weight_prepack")) != opts.weight_prepack:
             raise TuningError(f"database {folder} was tuned with weight_prepack="
                               f"{bool(manifest.get('weight_prepack'))}; rerun with the same "
                               "setting or use another --db")
         sanitized = sanitize_files(folder, folder)
         db = open_json_database(folder)
+        check_record_targets(folder, db.get_all_tuning_records(), target)
         before = len(db.get_all_tuning_records())
         result = TuneResult(folder, [], trials_before=before, sanitized=sanitized)
         remaining = max(0, opts.trials - before)

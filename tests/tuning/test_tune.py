@@ -231,3 +231,37 @@ def test_tuning_a_symbolic_shape_asks_for_a_static_one(tmp_path):
                                                  r".*--shape x=Nx32"):
         tune.tune(tune.TuneOptions(model=model, trials=4, db=str(tmp_path / "db")))
     assert not (tmp_path / "db").exists()
+
+def test_database_of_another_tvm_release_is_refused(tuned, tmp_path):
+    model, db, _ = tuned
+    old = _copy_db(db, tmp_path / "old")
+    m = json.loads((old / database.MANIFEST_FILE).read_text())
+    m["tvm_version"] = "0.19.0"
+    (old / database.MANIFEST_FILE).write_text(json.dumps(m))
+    res = CliRunner().invoke(main, ["compile", model, "--shape", "x=1x32", "--db", str(old),
+                                    "-o", str(tmp_path / "d")])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    errors_ = [ln for ln in res.output.splitlines() if ln.startswith("tvmopt: error: ")]
+    assert len(errors_) == 1 and "tuned with TVM 0.19.0" in errors_[0]
+    with pytest.raises(errors.TuningError, match="tuned with TVM 0.19.0"):
+        tune.tune(tune.TuneOptions(model=model, trials=16, db=str(old), shapes=SHAPE))
+
+
+def test_records_of_another_target_are_refused_whatever_the_manifest_says(tuned, tmp_path):
+    model, db, _ = tuned
+    other = _copy_db(db, tmp_path / "records")
+    (other / database.MANIFEST_FILE).unlink()  # no manifest to say so: the records must
+    rec = other / database.RECORD_FILE
+    lines = []
+    for line in rec.read_text().splitlines():
+        idx, body = json.loads(line)
+        body[2]["mtriple"], body[2]["mcpu"] = "aarch64-linux-gnu", "cortex-a72"
+        lines.append(json.dumps([idx, body]))
+    rec.write_text("\n".join(lines) + "\n")
+    res = CliRunner().invoke(main, ["compile", model, "--shape", "x=1x32", "--db", str(other),
+                                    "-o", str(tmp_path / "d")])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert f"holds {len(lines)} of {len(lines)} records measured for llvm" in res.output
+    assert "cortex-a72" in res.output
+    with pytest.raises(TargetError, match="records measured for llvm"):
+        tune.tune(tune.TuneOptions(model=model, trials=16, db=str(other), shapes=SHAPE))

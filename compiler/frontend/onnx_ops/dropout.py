@@ -32,6 +32,7 @@ def dropout(bb, inputs, attr, params, opset):
     if training and ratio not in (0, 0.0):
         raise ValueError("Dropout in training mode is random and not supported; export the "
                          "model in eval mode")
+    attr.get("seed")  # read on purpose: without randomness the seed changes nothing
     n_out = attr.get("tvm_custom", {}).get("num_outputs", 1)
     if n_out == 1:
         return data

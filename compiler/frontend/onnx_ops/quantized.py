@@ -189,7 +189,11 @@ def _quantize(bb, inputs, attr, types):
 
     x, scale, zp = (list(inputs) + [None, None])[:3]
     axis, block = attr.get("axis", 1), attr.get("block_size", 0)
-    out_type = types[1][0] or attr.get("output_dtype", 0) or \
+    declared = attr.get("output_dtype", 0)
+    if declared and types[1][0] and declared != types[1][0]:
+        raise ValueError(f"output_dtype={declared} contradicts the output's declared type "
+                         f"{types[1][0]}")
+    out_type = types[1][0] or declared or \
         (types[0][2] if len(types[0]) > 2 else 0) or 2  # default uint8
     precision = attr.get("precision", 0)
     if precision:
@@ -248,7 +252,8 @@ def quantize_linear(bb, inputs, attr, params, opset):
     from .narrow import onnx_types
 
     types = onnx_types(attr, inputs, "QuantizeLinear")
-    if types is not None and _narrow_or_blocked(types, attr):
+    # TVM's converter takes the type from the zero point alone and would drop output_dtype
+    if types is not None and (_narrow_or_blocked(types, attr) or attr.get("output_dtype", 0)):
         return _quantize(bb, inputs, attr, types)
     return tvm_converter("QuantizeLinear", opset)(bb, inputs, attr, params)
 

@@ -429,6 +429,11 @@ class Split:
         base = tvm_converter("Split", opset)
 
         def convert(bb, inputs, attr, params):
+            # TVM splits into as many parts as the node has outputs; opset 18's num_outputs
+            # must say the same, or the model means something else
+            parts, outputs = attr.get("num_outputs"), attr["tvm_custom"]["num_outputs"]
+            if parts is not None and parts != outputs:
+                raise ValueError(f"num_outputs={parts}, but the node has {outputs} outputs")
             if opset < 13 or len(inputs) < 2 or not is_run_time(inputs[1], params):
                 return base(bb, inputs, attr, params)
             return cls._run_time(bb, inputs[0], _operand(inputs[1], params), attr)

@@ -154,8 +154,32 @@ def gather(bb, inputs, attr, params, opset):
     indices = inputs[1]
     if prim_of(indices) is not None:
         indices = as_shape_tensor(bb, indices)
+    _check_constant_indices(data, indices, int(attr.get("axis", 0)))
     return tvm_converter("Gather", opset)(
         bb, [data, indices, *inputs[2:]], attr, params)
+
+
+def _check_constant_indices(data, indices, axis: int) -> None:
+    """Constant indices outside a static axis are refused: the kernel does not check them and
+    would read outside the tensor, where onnxruntime refuses the model's inputs."""
+    import numpy as np
+    from tvm import relax, tirx
+
+    ints = const_ints(indices)
+    if ints is None or not isinstance(data, relax.Expr):
+        return
+    shape = getattr(data.ty, "shape", None)
+    dims = list(shape.values) if isinstance(shape, relax.ShapeExpr) else None
+    if not dims or not -len(dims) <= axis < len(dims):
+        return
+    size = dims[axis]
+    if not isinstance(size, tirx.IntImm):
+        return
+    values = np.asarray(ints).reshape(-1)
+    bad = values[(values < -size.value) | (values >= size.value)]
+    if bad.size:
+        raise ValueError(f"indices {bad[:4].tolist()} are out of range for axis {axis} of size "
+                         f"{size.value}")
 
 
 def static_dims(value):
