@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+GAP_S = 0.2  # idle time before each block: the previous runtime's spinning threads wind down
 
 
 def _args(argv):
@@ -42,7 +43,9 @@ def _args(argv):
 
 def _interleaved(runners: dict, runs: int, block: int) -> dict[str, list[float]]:
     """ms per call for each runner, alternating blocks of `block` calls; the first call of
-    each block is dropped (the previous runtime's spinning pool slows it)."""
+    each block is dropped, and each block starts after an idle gap: onnxruntime's and OpenMP's
+    pools keep spinning after a call and slow whichever runtime runs next on 2 cores (measured:
+    a mixed oneDNN/TVM model 2x slower for tens of ms after an onnxruntime run)."""
     import numpy as np
 
     times = {k: [] for k in runners}
@@ -51,6 +54,7 @@ def _interleaved(runners: dict, runs: int, block: int) -> dict[str, list[float]]
         f()
     while min(len(v) for v in times.values()) < runs:
         for name, f in runners.items():
+            time.sleep(GAP_S)
             for i in range(block + 1):
                 t0 = time.perf_counter()
                 f()
