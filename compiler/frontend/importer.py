@@ -260,6 +260,30 @@ def _check_empty_inputs(node, opset: int) -> None:
                                 f"'{formal.name if formal else k}' is not optional")
 
 
+# Attribute values the spec's types allow but its text does not, which TVM's converters would
+# take anyway (a keepdims of 2 read as true, a negative epsilon turning sqrt(var + eps) into NaN
+# where onnxruntime refuses or clamps): refused by name rather than reinterpreted.
+_BOOLEAN_ATTRS = {"keepdims", "select_last_index", "noop_with_empty_axes", "transA", "transB",
+                  "count_include_pad", "ceil_mode", "exclusive", "reverse", "largest", "sorted",
+                  "center_point_box", "detect_negative", "detect_positive", "upper", "periodic",
+                  "onesided", "inverse", "layout"}
+_NON_NEGATIVE_ATTRS = {"epsilon"}
+
+
+def _check_attribute_values(node) -> None:
+    """Raises ImportFailure naming the node, op and attribute whose value the op cannot mean."""
+    from onnx import AttributeProto
+
+    for a in node.attribute:
+        who = node.name or f"<unnamed {node.op_type}>"
+        if a.type == AttributeProto.INT and a.name in _BOOLEAN_ATTRS and a.i not in (0, 1):
+            raise ImportFailure(f"node '{who}' ({node.op_type}): attribute {a.name}={a.i} must be "
+                                "0 or 1")
+        if a.type == AttributeProto.FLOAT and a.name in _NON_NEGATIVE_ATTRS and not a.f >= 0:
+            raise ImportFailure(f"node '{who}' ({node.op_type}): attribute {a.name}={a.f} must be "
+                                ">= 0")
+
+
 class _OneNode:
     """A graph holding one node, for feeding TVM's importer node by node."""
 
@@ -288,6 +312,7 @@ def _make_importer_class():
 
             for node in graph.node:
                 _check_empty_inputs(node, self.opset)
+                _check_attribute_values(node)
                 node = shape_values.materialize_inputs(self.bb, self._nodes, node)
                 if node.op_type in control_flow.UNROLLED:  # they need the importer, not a converter
                     control_flow.unroll(self, node)

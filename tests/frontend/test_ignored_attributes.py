@@ -102,3 +102,29 @@ def test_empty_name_for_a_required_or_variadic_input_is_refused():
     with pytest.raises(ImportFailure, match=r"node 'cat' \(Concat\): input 0 is empty, but "
                                             r"'inputs' is not optional"):
         import_onnx(_model(node, [_vi("x", [2, 3])], [_vi("y", [2, 3])]))
+
+
+def _one_node(op, attrs, inputs=("x",), inits=()):
+    node = helper.make_node(op, list(inputs), ["y"], **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TP.FLOAT, [2, 8])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("op, attrs, inputs, inits, says", [
+    ("ReduceMean", {"keepdims": 2}, ("x",), (), "keepdims=2 must be 0 or 1"),
+    ("ArgMax", {"select_last_index": -1}, ("x",), (), "select_last_index=-1 must be 0 or 1"),
+    ("LayerNormalization", {"epsilon": -1e3}, ("x", "s"),
+     (numpy_helper.from_array(np.ones(8, "float32"), "s"),), "epsilon=-1000.0 must be >= 0"),
+])
+def test_attribute_values_the_op_cannot_mean_are_refused(op, attrs, inputs, inits, says):
+    with pytest.raises(ImportFailure, match=says):
+        import_onnx(_one_node(op, attrs, inputs, inits))
+
+
+def test_valid_boolean_and_epsilon_values_import():
+    import_onnx(_one_node("ReduceMean", {"keepdims": 0}))
+    import_onnx(_one_node("LayerNormalization", {"epsilon": 0.0}, ("x", "s"),
+                          (numpy_helper.from_array(np.ones(8, "float32"), "s"),)))
