@@ -132,8 +132,14 @@ class CtrlC:
         msg = (f"\ntvmopt: second Ctrl-C: quitting now; records measured so far are kept{where} "
                "(rerun the same command to continue)\n")
         try:
-            show_cursor = b"\x1b[?25h" if os.isatty(2) else b""  # a progress bar hid it
-            os.write(2, show_cursor + msg.encode())
+            # sys.stderr, not fd 2: the CLI may have made fd 2 a pipe to a filtering thread,
+            # which os._exit kills before it forwards the line
+            try:
+                fd = sys.stderr.fileno()
+            except (AttributeError, OSError, ValueError):
+                fd = 2
+            show_cursor = b"\x1b[?25h" if os.isatty(fd) else b""  # a progress bar hid it
+            os.write(fd, show_cursor + msg.encode())
         except OSError:
             pass
         _kill_children()
