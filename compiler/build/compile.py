@@ -123,7 +123,9 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     timings["import_s"] = time.perf_counter() - t0
     from ..frontend.onnx_model import nonfinite_weights
 
-    bad_weights = nonfinite_weights(model) if hasattr(model, "graph") else []  # ONNX only
+    import onnx
+
+    bad_weights = nonfinite_weights(model) if isinstance(model, onnx.ModelProto) else []
     for w in bad_weights:
         log(f"warning: {w}")
 
