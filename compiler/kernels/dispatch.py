@@ -125,7 +125,7 @@ def _kernel_function(func, args):
     return plain.bind_params(binds) if binds else plain
 
 
-def _time(vm, name: str, inputs, dev) -> float:
+def time_call(vm, name: str, inputs, dev) -> float:
     """Best-of-5 ms of `name`, each sample a batch of calls lasting ~6 ms."""
     f = vm[name]
     f(*inputs)  # first call: oneDNN reorders its weights then; not a steady-state cost
@@ -209,7 +209,7 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
         for i, k in enumerate(todo):
             name = f"tvmopt_kernel_{i}"
             inputs = [tvm.runtime.tensor(a, dev) for a in feeds[name]]
-            lib_ms, cg_ms = _time(vm_lib, name, inputs, dev), _time(vm_cg, name, inputs, dev)
+            lib_ms, cg_ms = time_call(vm_lib, name, inputs, dev), time_call(vm_cg, name, inputs, dev)
             timed[k] = (lib_ms, cg_ms, False)
             cache.put(_cache_key(k, target_text, ext_id), k, lib_ms, cg_ms)
         cache.save()

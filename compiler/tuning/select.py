@@ -8,7 +8,6 @@ as `compile` builds it) and keeps the N with the largest time x calls per infere
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,33 +53,19 @@ def _random_args(func, dev):
 
 
 def default_schedule_ms(task: Task, target) -> float | None:
-    """Median ms of one call of the task's PrimFunc with the default schedule rules."""
+    """Best-of-5 ms of one call of the task's PrimFunc with the default schedule rules."""
     import tvm
     from tvm.s_tir import dlight as dl
 
     from ..kernels.cpu import default_rules
+    from ..kernels.dispatch import time_call
 
     try:
-        mod = task.mod
-        if "cpu" in str(target.kind) or str(target.kind) == "llvm":
-            with target:
-                mod = dl.ApplyDefaultSchedule(*default_rules())(mod)
+        with target:
+            mod = dl.ApplyDefaultSchedule(*default_rules())(task.mod)
         lib = tvm.compile(mod, target=target)
         dev = tvm.cpu()
-        args = _random_args(mod["main"], dev)
-        f = lib["main"]
-        f(*args)
-        t0 = time.perf_counter()
-        f(*args)
-        one = max(time.perf_counter() - t0, 1e-6)
-        number = max(1, min(100, int(0.005 / one)))
-        samples = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(number):
-                f(*args)
-            samples.append((time.perf_counter() - t0) / number)
-        return float(np.median(samples) * 1e3)
+        return time_call(lib, "main", _random_args(mod["main"], dev), dev)
     except Exception:  # pylint: disable=broad-except
         return None
 
