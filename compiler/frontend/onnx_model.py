@@ -114,11 +114,19 @@ def nonfinite_weights(model) -> list[str]:
             a = numpy_helper.to_array(t).astype(np.float32)
         except Exception:  # noqa: BLE001 - unreadable data is load_onnx's to refuse
             continue
-        nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
-        if nan or inf:
-            parts = [f"{k} {what}" for k, what in ((nan, "NaN"), (inf, "Inf")) if k]
-            out.append(f"initializer '{t.name or '<constant>'}': {', '.join(parts)} of {a.size} values")
+        line = nonfinite_line(a, f"initializer '{t.name or '<constant>'}'")
+        if line:
+            out.append(line)
     return out
+
+
+def nonfinite_line(a: np.ndarray, label: str) -> str | None:
+    """`label: 3 NaN, 1 Inf of 64 values` for a float array holding either, else None."""
+    nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
+    if not (nan or inf):
+        return None
+    parts = [f"{k} {what}" for k, what in ((nan, "NaN"), (inf, "Inf")) if k]
+    return f"{label}: {', '.join(parts)} of {a.size} values"
 
 
 @dataclass(frozen=True)

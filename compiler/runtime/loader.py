@@ -9,7 +9,7 @@ import numpy as np
 from .artifact import Artifact, read_artifact
 from ..errors import ArtifactError, RunError, ShapeError
 from ..frontend.narrow_types import by_name, contiguous, from_carrier, np_dtype, to_carrier
-from ..frontend.onnx_model import TensorInfo
+from ..frontend.onnx_model import TensorInfo, nonfinite_line
 from ..targets.registry import check_host_can_run
 
 
@@ -63,10 +63,9 @@ def nonfinite(arrays: dict[str, np.ndarray], kind: str) -> list[str]:
                 a = None
             if a is None:
                 continue
-        nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
-        if nan or inf:
-            parts = [f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "Inf")) if n]
-            out.append(f"{kind} '{name}': {', '.join(parts)} of {a.size} values")
+        line = nonfinite_line(a, f"{kind} '{name}'")
+        if line:
+            out.append(line)
     return out
 
 
