@@ -95,7 +95,8 @@ def test_unequal_outputs_are_one_line(cli, save, tmp_path):
     _one_line_error(cli("compare", a, b, "-o", tmp_path / "o"), "output", "1x768")
 
 
-def test_a_model_onnxruntime_cannot_load_is_one_line(cli, save, tmp_path):
+def _relu_and_unknown_op(save, tmp_path):
+    """A loadable model and one whose only node is from a domain no runtime knows."""
     a = save(make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [1, 8])],
                         [vi("y", [1, 8])]), "a")
     g = helper.make_graph([helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")],
@@ -105,6 +106,11 @@ def test_a_model_onnxruntime_cannot_load_is_one_line(cli, save, tmp_path):
     m.ir_version = 8
     b = tmp_path / "b.onnx"
     onnx.save(m, str(b))
+    return a, b
+
+
+def test_a_model_onnxruntime_cannot_load_is_one_line(cli, save, tmp_path):
+    a, b = _relu_and_unknown_op(save, tmp_path)
     _one_line_error(cli("compare", a, b, "--runtime", "onnxruntime", "-o", tmp_path / "o"),
                     "onnxruntime cannot load", "b.onnx")
 
@@ -137,14 +143,6 @@ def test_precision_variants_of_one_model(cli, save, tmp_path):
 
 
 def test_a_model_tvmopt_cannot_build_is_one_line(cli, save, tmp_path):
-    a = save(make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [1, 8])],
-                        [vi("y", [1, 8])]), "a")
-    g = helper.make_graph([helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")],
-                          "g", [vi("x", [1, 8])], [vi("y", [1, 8])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                            helper.make_opsetid("com.example", 1)])
-    m.ir_version = 8
-    b = tmp_path / "b.onnx"
-    onnx.save(m, str(b))
+    a, b = _relu_and_unknown_op(save, tmp_path)
     _one_line_error(cli("compare", a, b, "--runtime", "tvmopt", "-o", tmp_path / "o", "-q"),
                     "tvmopt cannot build", "b.onnx", "Frobnicate")
