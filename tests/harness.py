@@ -6,6 +6,8 @@ Built on the package's own `tvmopt.runtime.in_memory` (no artifact is written).
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 from onnx.reference import ReferenceEvaluator
 
@@ -116,3 +118,23 @@ def check_single_output(node, feeds, consts=None, rtol=1e-5, atol=1e-5, **kw):
     got = run_first_output(model, feeds)
     assert_close([got], [want], rtol, atol)
     return got
+
+
+@contextlib.contextmanager
+def loopback_rpc_farm(key: str, servers: int, timeout_s: float = 60):
+    """A TVM RPC tracker and `servers` servers registered under `key` on 127.0.0.1, random free
+    ports; yields the tracker's HOST:PORT and terminates everything afterwards."""
+    from tvmopt.tuning import rpc
+
+    procs = []
+    try:
+        tracker = rpc.start_tracker("127.0.0.1", rpc.free_port())
+        procs.append(tracker)
+        addr = f"127.0.0.1:{tracker.port}"
+        for _ in range(servers):
+            procs.append(rpc.start_server(addr, key, "127.0.0.1", rpc.free_port()))
+        rpc.wait_for_servers(addr, key, servers, timeout_s=timeout_s)
+        yield addr
+    finally:
+        for p in reversed(procs):
+            p.terminate()

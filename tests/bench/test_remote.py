@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tests.models import tiny_mlp
+from tests.harness import loopback_rpc_farm
 from tvmopt.bench.suite import BenchOptions
 from tvmopt.errors import TvmoptError
 from tvmopt.tuning import rpc
@@ -16,17 +17,8 @@ from tvmopt.tuning import rpc
 @pytest.fixture(scope="module")
 def farm():
     """A tracker and one server on 127.0.0.1, random free ports; terminated afterwards."""
-    procs = []
-    try:
-        tracker = rpc.start_tracker("127.0.0.1", rpc.free_port())
-        procs.append(tracker)
-        addr = f"127.0.0.1:{tracker.port}"
-        procs.append(rpc.start_server(addr, "tvmopt-bench", "127.0.0.1", rpc.free_port()))
-        rpc.wait_for_servers(addr, "tvmopt-bench", 1, timeout_s=60)
+    with loopback_rpc_farm("tvmopt-bench", 1, timeout_s=60) as addr:
         yield addr
-    finally:
-        for p in reversed(procs):
-            p.terminate()
 
 
 @pytest.fixture(scope="module")

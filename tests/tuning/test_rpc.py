@@ -7,25 +7,16 @@ import pytest
 
 from tests.models import tiny_mlp
 
+from tests.harness import loopback_rpc_farm
 from tvmopt import errors
-from tvmopt.tuning import database, measure, rpc, tune
+from tvmopt.tuning import database, measure, tune
 
 
 @pytest.fixture
 def farm():
     """Tracker + two servers on 127.0.0.1, random free ports; all terminated afterwards."""
-    procs = []
-    try:
-        tracker = rpc.start_tracker("127.0.0.1", rpc.free_port())
-        procs.append(tracker)
-        addr = f"127.0.0.1:{tracker.port}"
-        for _ in range(2):
-            procs.append(rpc.start_server(addr, "tvmopt-test", "127.0.0.1", rpc.free_port()))
-        rpc.wait_for_servers(addr, "tvmopt-test", 2, timeout_s=30)
+    with loopback_rpc_farm("tvmopt-test", 2, timeout_s=30) as addr:
         yield addr
-    finally:
-        for p in reversed(procs):
-            p.terminate()
 
 
 @pytest.mark.slow  # about a minute alone, several on busy cores
