@@ -6,6 +6,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .console import console, fitted_table
+from .targets.registry import wider_host_preset
 
 
 def _si(n: float, unit: str = "") -> str:
@@ -72,6 +73,11 @@ def print_compile_result(result, shown_path: str | None = None) -> None:
                       f"{kernels.get('layout')})")
         for note in kernels.get("notes") or []:
             console.print(f"  note: {note}")
+    wider = wider_host_preset(t["name"])
+    if wider is not None:
+        extra = ", ".join(sorted(set(wider.features) - set(t.get("features") or ())))
+        console.print(f"  note: this host also has {extra}; '--target host' (or {wider.name}) "
+                      f"uses them; '{t['name']}' stays portable")
     plan = m.get("plan") or {}
     if plan.get("predicted_ms") is not None:
         # the roofline's figure is a floor: real kernels reach a fraction of peak

@@ -309,6 +309,28 @@ def detect_host() -> HardwareTarget:
     )
 
 
+def wider_host_preset(name: str) -> HardwareTarget | None:
+    """A database entry this host can run with more ISA features than target `name`, if any.
+
+    A CPU target's code runs on any host with its features, so a portable preset ('x86' is
+    AVX2) builds half-width vectors on an AVX-512 host, where onnxruntime and PyTorch pick
+    AVX-512 kernels at run time: worth a note at compile time.
+    """
+    try:
+        t = get_target(name)
+    except TargetError:
+        return None
+    if t.device != "cpu" or t.arch != host_arch() or t.name == "host":
+        return None
+    feats = host_cpu_features()
+    if not set(t.features) <= feats:
+        return None
+    wider = [c for c in load_targets().values()
+             if c.device == "cpu" and c.arch == t.arch and set(t.features) < set(c.features)
+             and set(c.features) <= feats]
+    return max(wider, key=lambda c: len(c.features), default=None)
+
+
 def check_host_can_run(device: str, arch: str, features: list[str] | tuple[str, ...]) -> None:
     """Raise TargetError unless this host can run code built for (device, arch, features)."""
     if device != "cpu":

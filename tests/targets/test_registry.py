@@ -58,3 +58,18 @@ def test_unknown_keys_rejected(tmp_path):
     p.write_text("colour = 1\n" + base)
     with pytest.raises(TargetError, match="colour"):
         parse_target_file(p)
+
+
+def test_wider_preset_named_only_when_this_host_can_run_it(monkeypatch):
+    from tvmopt.targets import registry
+
+    monkeypatch.setattr(registry, "host_arch", lambda: "x86_64")
+    avx512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512vnni"}
+    monkeypatch.setattr(registry, "host_cpu_features", lambda: avx512)
+    assert registry.wider_host_preset("x86").name == "x86-avx512"
+    assert registry.wider_host_preset("x86-avx512") is None  # already the widest
+    assert registry.wider_host_preset("cuda") is None and registry.wider_host_preset("arm") is None
+    monkeypatch.setattr(registry, "host_cpu_features", lambda: {"avx2", "fma"})
+    assert registry.wider_host_preset("x86") is None
+    monkeypatch.setattr(registry, "host_cpu_features", lambda: avx512 - {"avx512vnni"})
+    assert registry.wider_host_preset("x86") is None  # no entry fits that CPU exactly
