@@ -343,6 +343,8 @@ class ContractionRule(ScheduleRule):
 
         # Producers (padding, fused transposes) run as their own vectorized pass: one
         # extra sweep over the input is cheap next to the contraction itself.
+        if tile[3] is None and os.environ.get("TVMOPT_PAD_INLINE", "1") == "1":
+            producers = _inline_spatial_producers(sch, producers, keep=set())
         for info in producers:
             _parallel_vectorize(sch, info.block_rv, lanes)
         return sch

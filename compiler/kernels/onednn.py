@@ -107,7 +107,7 @@ def build_extension(cache_dir: str | os.PathLike, onednn_root: str | None = None
         # (onednn 2026.x needs the DPC++ runtime); the thread control below assumes OpenMP.
         raise RuntimeError(f"oneDNN at {inc.parent} uses {threading} threading; need OMP")
     cflags = ["-O3", "-DNDEBUG", "-fopenmp"]
-    ldflags = [f"-L{lib}", "-ldnnl", f"-Wl,-rpath,{lib}", "-fopenmp"]
+    ldflags = [f"-L{lib}", "-ldnnl", f"-Wl,-rpath,{lib}", "-fopenmp", "-ldl"]
     key = "\n".join([
         _SOURCE.read_text(), _onednn_version(inc), str(lib), tvm_ffi.__version__,
         " ".join(cflags + ldflags),
@@ -149,6 +149,14 @@ def load_extension(cache_dir: str | os.PathLike | None = None, num_threads: int 
     if num_threads is not None:
         tvm_ffi.get_global_func("tvmopt.onednn.set_num_threads")(int(num_threads))
     return _loaded[path]
+
+
+def share_pool(library_path: str) -> bool:
+    """Run a loaded TVM library's parallel loops on oneDNN's OpenMP team (one pool per model:
+    two pools on the same cores slow each other down at every hand-over). False when the
+    library keeps TVM's pool; it is then correct, only slower beside oneDNN."""
+    f = tvm_ffi.get_global_func("tvmopt.onednn.share_pool", allow_missing=True)
+    return bool(f(str(library_path))) if f is not None else False
 
 
 def extension_id() -> str:

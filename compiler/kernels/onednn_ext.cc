@@ -34,6 +34,8 @@
 #include <omp.h>
 #endif
 
+#include <dlfcn.h>
+
 namespace {
 
 using tvm::ffi::AnyView;
@@ -79,6 +81,81 @@ void ApplyThreads() {
   int n = GetRuntime().num_threads;
   if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
 #endif
+}
+
+// ---------------------------------------------------------------------------------------
+// One thread pool for a model's TVM kernels and its oneDNN kernels.
+//
+// oneDNN from PyPI runs on OpenMP, TVM kernels on TVM's own pool. On a machine with few
+// cores the two pools fight: whichever ran last still spins or sleeps while the other needs
+// the cores, and a model that alternates them ran several times slower than either alone.
+// A compiled TVM library calls its parallel loops through the function pointer
+// `__TVMBackendParallelLaunch`, which the runtime fills in when it loads the library; pointing
+// it at an OpenMP launcher puts the TVM kernels on the same OpenMP team as oneDNN. This is
+// what a TVM runtime built with USE_OPENMP does for every library.
+
+// TVM's C ABI for parallel loops (tvm/runtime/c_backend_api.h).
+struct ParallelGroupEnv {
+  void* sync_handle;
+  int32_t num_task;
+};
+using ParallelLambda = int (*)(int task_id, ParallelGroupEnv* penv, void* cdata);
+
+int OmpParallelLaunch(ParallelLambda flambda, void* cdata, int num_task) {
+#ifdef _OPENMP
+  int team = GetRuntime().num_threads > 0 ? GetRuntime().num_threads : omp_get_max_threads();
+  int tasks = num_task > 0 ? num_task : team;
+  if (team > tasks) team = tasks;
+  int rc = 0;
+#pragma omp parallel num_threads(team)
+  {
+    // Every task id runs exactly once, also when the kernel asks for more tasks than threads.
+    ParallelGroupEnv env{nullptr, tasks};
+    int nthreads = omp_get_num_threads();
+    for (int t = omp_get_thread_num(); t < tasks; t += nthreads) {
+      int r = flambda(t, &env, cdata);
+      if (r != 0) {
+#pragma omp atomic write
+        rc = r;
+      }
+    }
+  }
+  return rc;
+#else
+  ParallelGroupEnv env{nullptr, num_task > 0 ? num_task : 1};
+  for (int t = 0; t < env.num_task; ++t) {
+    int r = flambda(t, &env, cdata);
+    if (r != 0) return r;
+  }
+  return 0;
+#endif
+}
+
+// Point an already loaded TVM library's parallel launcher at OmpParallelLaunch. Returns
+// false (and changes nothing) when the library is not loaded, has no launcher pointer, or
+// uses TVM's parallel barrier, which needs TVM's own pool.
+bool SharePool(const std::string& path) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return false;
+  bool ok = false;
+  if (dlsym(handle, "__TVMBackendParallelBarrier") == nullptr) {
+    if (auto** slot = reinterpret_cast<void**>(dlsym(handle, "__TVMBackendParallelLaunch"))) {
+      *slot = reinterpret_cast<void*>(&OmpParallelLaunch);
+      ok = true;
+    }
+  }
+  dlclose(handle);  // drops only the reference taken above
+  return ok;
+}
+
+// Whether a loaded library's parallel loops run on OmpParallelLaunch.
+bool UsesSharedPool(const std::string& path) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return false;
+  auto** slot = reinterpret_cast<void**>(dlsym(handle, "__TVMBackendParallelLaunch"));
+  bool ok = slot != nullptr && *slot == reinterpret_cast<void*>(&OmpParallelLaunch);
+  dlclose(handle);
+  return ok;
 }
 
 std::vector<int64_t> ReadAttrs(const AnyView& v) {
@@ -426,6 +503,10 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def_packed("tvmopt.onednn.conv2d", Conv2d)
       .def_packed("tvmopt.onednn.matmul", Matmul)
+      .def("tvmopt.onednn.share_pool",
+           [](const std::string& path) -> bool { return SharePool(path); })
+      .def("tvmopt.onednn.uses_shared_pool",
+           [](const std::string& path) -> bool { return UsesSharedPool(path); })
       .def("tvmopt.onednn.set_num_threads",
            [](int64_t n) {
              std::lock_guard<std::mutex> lock(g_mu);

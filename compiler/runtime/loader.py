@@ -168,6 +168,10 @@ def load(path, check_host: bool = True) -> LoadedModel:
     except Exception as err:
         raise ArtifactError(f"{art.library}: cannot load the compiled library: "
                             f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}") from None
+    if "onednn" in ((art.manifest.get("kernels") or {}).get("requires") or []):
+        from ..kernels import onednn
+
+        onednn.share_pool(str(art.library))
     dev = _device_for(art.manifest)
     return LoadedModel(art, relax.VirtualMachine(lib, dev), dev)
 

@@ -305,3 +305,26 @@ def test_unloadable_library_falls_back_to_default_schedules_and_says_so(tmp_path
     assert any("oneDNN unavailable (no C++ compiler found)" in n for n in kernels["notes"])
     assert any(line.startswith("note: oneDNN unavailable") for line in logs)
     assert all(e.mismatched == 0 for e in res.verification)
+
+
+def test_library_artifact_runs_its_tvm_kernels_on_the_openmp_team(tmp_path):
+    """A model mixing oneDNN and TVM kernels uses one thread pool, and stays exact."""
+    import tvm_ffi
+
+    import tvmopt
+    from tvmopt.build.compile import CompileOptions, compile_model
+
+    model = _small_cnn(tmp_path / "cnn.onnx")
+    res = compile_model(CompileOptions(model=model, output=str(tmp_path / "a"),
+                                       dispatch="library"), log=lambda s: None)
+    codegen = compile_model(CompileOptions(model=model, output=str(tmp_path / "c"),
+                                           dispatch="codegen"), log=lambda s: None)
+    lm, lc = tvmopt.load(res.artifact.path), tvmopt.load(codegen.artifact.path)
+    uses = tvm_ffi.get_global_func("tvmopt.onednn.uses_shared_pool")
+    assert uses(str(lm.artifact.library))
+    assert not uses(str(lc.artifact.library))  # no oneDNN kernel: TVM's pool is left alone
+    assert not uses(str(tmp_path / "not-loaded.so"))
+    x = rand(1, 8, 16, 16)
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for _ in range(3):  # the team is reused call after call
+        np.testing.assert_allclose(lm.run({"x": x})["y"], ref, rtol=RTOL, atol=ATOL)
