@@ -342,8 +342,11 @@ class ContractionRule(ScheduleRule):
         self._vectorize_under(sch, init, outer, lanes)
 
         # Producers (padding, fused transposes) run as their own vectorized pass: one
-        # extra sweep over the input is cheap next to the contraction itself.
-        if tile[3] is None and os.environ.get("TVMOPT_PAD_INLINE", "1") == "1":
+        # extra sweep over the input is cheap next to the contraction itself -- except
+        # without a row axis (depthwise conv, pooling), where the contraction is a sweep
+        # too and a padded copy doubles its memory traffic: there the padding is read in
+        # place, a bounds test per window step.
+        if tile[3] is None:
             producers = _inline_spatial_producers(sch, producers, keep=set())
         for info in producers:
             _parallel_vectorize(sch, info.block_rv, lanes)
