@@ -188,6 +188,26 @@ def print_plan(p, model: str) -> None:
     for d in p.decisions:
         colour = {"chosen": "green", "refused": "yellow", "downgraded": "red"}.get(d.action, "")
         console.print(f"  [{colour}]{d.precision} {d.action}[/]: {escape(d.reason)}")
+    for note in p.dispatch_notes:
+        console.print(f"  note: {escape(note)}")
+    if p.dispatch:
+        console.print("  dispatch (each workload timed both ways on this host; "
+                      "'cached': timed by an earlier compile):")
+        ms = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+        rows = [[escape(c["kernel"].split("|")[0]), escape(_workload_shapes(c["kernel"])),
+                 str(c["sites"]), c["choice"], ms(c["library_ms"]), ms(c["codegen_ms"]),
+                 "yes" if c["cached"] else "no"] for c in p.dispatch]
+        cols = [("pattern", "left"), ("shapes", "left"), ("sites", "right"), ("choice", "left"),
+                ("oneDNN ms", "right"), ("codegen ms", "right"), ("cached", "left")]
+        console.print(fitted_table(cols, rows, drop_order=("cached", "shapes")))
+
+
+def _workload_shapes(key: str) -> str:
+    """'1x56x56x64 * 3x3x64x64' from a workload key's R.Tensor((...), dtype=...) parts."""
+    import re
+
+    dims = re.findall(r"R\.Tensor\(\(([^)]*)\)", key)
+    return " * ".join("x".join(d.replace(" ", "").split(",")) for d in dims[:2])
 
 
 def print_bundle(bundle) -> None:

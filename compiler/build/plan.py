@@ -28,12 +28,14 @@ def _import_bound(mod, dims: dict[str, int]):
 
 def plan_model(model, hw: HardwareTarget, precision: str = "auto",
                dims: dict[str, int] | None = None,
-               shapes: dict[str, tuple[int, ...]] | None = None):
+               shapes: dict[str, tuple[int, ...]] | None = None, dispatch: str = "codegen"):
     """Plan the compilation of `model` (a path, an onnx.ModelProto or a torch ExportedProgram)
     for `hw`.
 
     FLOPs need numbers, so the model is imported with every symbolic dim bound to `dims`
-    (default 1); `shapes` (--shape overrides) take precedence.
+    (default 1); `shapes` (--shape overrides) take precedence. `dispatch` other than
+    "codegen" also decides library vs default schedule per kernel as compile would (timing
+    on this host, cached), and records each choice with its timings.
 
     Returns:
         The `precision.plan.Plan`.
@@ -69,4 +71,9 @@ def plan_model(model, hw: HardwareTarget, precision: str = "auto",
     fused = pipeline.optimize(mod, hw.to_tvm(), pipeline.PipelineConfig(), until=pipeline.FRONT_HALF)
     plan = make_plan(fused, hw, precision, dims)
     plan.dims = used_dims  # the model's symbolic dims, as bound for the import
+    if dispatch != "codegen":
+        cfg = pipeline.PipelineConfig(dispatch=dispatch)
+        pipeline.optimize(mod, hw.to_tvm(), cfg, until="dispatch")
+        plan.dispatch = [c.to_json() for c in cfg.dispatch_choices]
+        plan.dispatch_notes = list(cfg.notes)
     return plan

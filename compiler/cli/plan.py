@@ -15,9 +15,10 @@ from . import options
 @options.precision()
 @options.shapes("Fix an input's shape (repeatable).")
 @options.dims("Value of a symbolic dim (default 1): FLOPs need numbers.")
+@options.dispatch()
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @options.wide()
-def plan(model, target, precision, shapes, dims, as_json):
+def plan(model, target, precision, shapes, dims, dispatch, as_json):
     """Per fused kernel: ops, FLOPs, bytes, intensity, bound, precision and predicted time."""
     from ..build.compile import CompileOptions
     from ..build.plan import plan_model
@@ -26,7 +27,7 @@ def plan(model, target, precision, shapes, dims, as_json):
 
     opts = CompileOptions(model=model or options.default_model(), target=target, shapes=list(shapes))
     p = plan_model(opts.model, get_target(target), precision, dims=options.parse_dims(dims),
-                  shapes=opts.shapes)
+                  shapes=opts.shapes, dispatch=dispatch)
     if as_json:
         click.echo(json.dumps(p.to_json(), indent=2))
     else:

@@ -33,6 +33,9 @@ class Plan:
     predicted_fp32_ms: float
     weight_bytes: dict[str, float]
     ridge: dict[str, float] = field(default_factory=dict)
+    # --dispatch auto|library: per oneDNN workload, the choice and both timings on this host
+    dispatch: list[dict] = field(default_factory=list)
+    dispatch_notes: list[str] = field(default_factory=list)
 
     @property
     def kernels_after_fusion(self) -> int:

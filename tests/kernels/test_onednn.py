@@ -328,3 +328,27 @@ def test_library_artifact_runs_its_tvm_kernels_on_the_openmp_team(tmp_path):
     ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     for _ in range(3):  # the team is reused call after call
         np.testing.assert_allclose(lm.run({"x": x})["y"], ref, rtol=RTOL, atol=ATOL)
+
+
+def test_plan_shows_each_dispatch_choice_with_its_timings(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from tvmopt.build.plan import plan_model
+    from tvmopt.cli.main import main
+    from tvmopt.kernels import dispatch
+    from tvmopt.targets.registry import get_target
+
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
+    model = _small_cnn(tmp_path / "cnn.onnx")
+    p = plan_model(model, get_target("x86"), dispatch="auto")
+    assert sorted(c["sites"] for c in p.dispatch) == [1, 1, 2]
+    for c in p.dispatch:
+        assert c["library_ms"] > 0 and c["codegen_ms"] > 0
+        faster = c["library_ms"] < dispatch.MARGIN * c["codegen_ms"]
+        assert c["choice"] == ("library" if faster else "codegen")
+    assert p.to_json()["dispatch"] == p.dispatch
+    assert plan_model(model, get_target("x86")).dispatch == []  # codegen: nothing timed
+    out = CliRunner().invoke(main, ["plan", model, "--dispatch", "auto", "--wide"])
+    assert out.exit_code == 0, out.output
+    assert "dispatch (each workload timed" in out.output and "1x16x16x8" in out.output
+    assert "yes" in out.output  # the second time, every workload comes from the cache
