@@ -348,7 +348,14 @@ def test_plan_shows_each_dispatch_choice_with_its_timings(tmp_path, monkeypatch)
         assert c["choice"] == ("library" if faster else "codegen")
     assert p.to_json()["dispatch"] == p.dispatch
     assert plan_model(model, get_target("x86")).dispatch == []  # codegen: nothing timed
-    out = CliRunner().invoke(main, ["plan", model, "--dispatch", "auto", "--wide"])
+    from tvmopt import console as cons
+
+    width = cons.console.width
+    try:
+        out = CliRunner().invoke(main, ["plan", model, "--dispatch", "auto", "--wide"])
+    finally:  # --wide sets the process-wide console: later tests need it as it was
+        cons.set_wide(False)
+        cons.console.width = width
     assert out.exit_code == 0, out.output
     assert "dispatch (each workload timed" in out.output and "1x16x16x8" in out.output
     assert "yes" in out.output  # the second time, every workload comes from the cache
