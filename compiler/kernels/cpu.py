@@ -346,7 +346,8 @@ class ContractionRule(ScheduleRule):
         # without a row axis (depthwise conv, pooling), where the contraction is a sweep
         # too and a padded copy doubles its memory traffic: there the padding is read in
         # place, a bounds test per window step.
-        if tile[3] is None:
+        _, _, _, row, _ = tile
+        if row is None:
             producers = _inline_spatial_producers(sch, producers, keep=set())
         for info in producers:
             _parallel_vectorize(sch, info.block_rv, lanes)

@@ -148,18 +148,14 @@ def time_call(vm, name: str, inputs, dev) -> float:
 
 
 def _loaded_like_an_artifact(executable, folder: str):
-    """The library side as an artifact runs it: exported, loaded, its TVM kernels moved onto
-    oneDNN's OpenMP team. Timed in memory, its glue kernels ran on TVM's pool and every
-    oneDNN call waited for the cores (a 1x1 conv with a residual: 8 ms instead of 0.05)."""
-    import tvm
-
+    """The library side as an artifact runs it: exported, then loaded as `runtime.load` does.
+    Timed in memory, its glue kernels ran on TVM's pool and every oneDNN call waited for the
+    cores (a 1x1 conv with a residual: 8 ms instead of 0.05)."""
     from . import onednn
 
     path = os.path.join(folder, "library.so")
     executable.export_library(path)
-    lib = tvm.runtime.load_module(path)
-    onednn.share_pool(path)
-    return lib
+    return onednn.load_library(path)
 
 
 def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | None = None,

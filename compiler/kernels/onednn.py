@@ -159,6 +159,16 @@ def share_pool(library_path: str) -> bool:
     return bool(f(str(library_path))) if f is not None else False
 
 
+def load_library(library_path: str):
+    """Load a compiled library that calls oneDNN kernels, its TVM kernels on oneDNN's team:
+    how an artifact runs, and so how the dispatch timing must run the library side too."""
+    import tvm
+
+    lib = tvm.runtime.load_module(str(library_path))
+    share_pool(library_path)
+    return lib
+
+
 def extension_id() -> str:
     """Identity of the extension's source, for caches of what it measured."""
     return hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]

@@ -131,31 +131,47 @@ int OmpParallelLaunch(ParallelLambda flambda, void* cdata, int num_task) {
 #endif
 }
 
-// Point an already loaded TVM library's parallel launcher at OmpParallelLaunch. Returns
-// false (and changes nothing) when the library is not loaded, has no launcher pointer, or
-// uses TVM's parallel barrier, which needs TVM's own pool.
-bool SharePool(const std::string& path) {
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (handle == nullptr) return false;
-  bool ok = false;
-  if (dlsym(handle, "__TVMBackendParallelBarrier") == nullptr) {
-    if (auto** slot = reinterpret_cast<void**>(dlsym(handle, "__TVMBackendParallelLaunch"))) {
-      *slot = reinterpret_cast<void*>(&OmpParallelLaunch);
-      ok = true;
-    }
+// The `__TVMBackendParallelLaunch` slot of an already loaded library, null when the library
+// is not loaded or has none. The dlopen reference lives as long as this object; the
+// library itself stays loaded by whoever loaded it first.
+class LaunchSlot {
+ public:
+  explicit LaunchSlot(const std::string& path)
+      : handle_(dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) {}
+  ~LaunchSlot() {
+    if (handle_ != nullptr) dlclose(handle_);
   }
-  dlclose(handle);  // drops only the reference taken above
-  return ok;
+  LaunchSlot(const LaunchSlot&) = delete;
+  LaunchSlot& operator=(const LaunchSlot&) = delete;
+
+  void** get() const {
+    return handle_ == nullptr
+               ? nullptr
+               : reinterpret_cast<void**>(dlsym(handle_, "__TVMBackendParallelLaunch"));
+  }
+  // TVM's parallel barrier needs TVM's own pool.
+  bool uses_barrier() const {
+    return handle_ != nullptr && dlsym(handle_, "__TVMBackendParallelBarrier") != nullptr;
+  }
+
+ private:
+  void* handle_;
+};
+
+// Point a loaded TVM library's parallel launcher at OmpParallelLaunch. Returns false (and
+// changes nothing) when the library is not loaded, has no launcher pointer, or uses TVM's
+// parallel barrier.
+bool SharePool(const std::string& path) {
+  LaunchSlot slot(path);
+  if (slot.get() == nullptr || slot.uses_barrier()) return false;
+  *slot.get() = reinterpret_cast<void*>(&OmpParallelLaunch);
+  return true;
 }
 
 // Whether a loaded library's parallel loops run on OmpParallelLaunch.
 bool UsesSharedPool(const std::string& path) {
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (handle == nullptr) return false;
-  auto** slot = reinterpret_cast<void**>(dlsym(handle, "__TVMBackendParallelLaunch"));
-  bool ok = slot != nullptr && *slot == reinterpret_cast<void*>(&OmpParallelLaunch);
-  dlclose(handle);
-  return ok;
+  LaunchSlot slot(path);
+  return slot.get() != nullptr && *slot.get() == reinterpret_cast<void*>(&OmpParallelLaunch);
 }
 
 std::vector<int64_t> ReadAttrs(const AnyView& v) {

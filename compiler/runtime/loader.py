@@ -130,10 +130,13 @@ def flatten_result(result) -> list[np.ndarray]:
     return out
 
 
+def _needs_onednn(art) -> bool:
+    return "onednn" in ((art.manifest.get("kernels") or {}).get("requires") or [])
+
+
 def _load_required_libraries(art) -> None:
     """Register the packed functions the artifact calls (the Relax VM looks them up by name)."""
-    needs = (art.manifest.get("kernels") or {}).get("requires") or []
-    if "onednn" in needs:
+    if _needs_onednn(art):
         from ..kernels import onednn
 
         try:
@@ -164,14 +167,15 @@ def load(path, check_host: bool = True) -> LoadedModel:
         check_host_can_run(t["device"], t["arch"], t.get("features", []))
     _load_required_libraries(art)
     try:
-        lib = tvm.runtime.load_module(str(art.library))
+        if _needs_onednn(art):
+            from ..kernels import onednn
+
+            lib = onednn.load_library(str(art.library))
+        else:
+            lib = tvm.runtime.load_module(str(art.library))
     except Exception as err:
         raise ArtifactError(f"{art.library}: cannot load the compiled library: "
                             f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}") from None
-    if "onednn" in ((art.manifest.get("kernels") or {}).get("requires") or []):
-        from ..kernels import onednn
-
-        onednn.share_pool(str(art.library))
     dev = _device_for(art.manifest)
     return LoadedModel(art, relax.VirtualMachine(lib, dev), dev)
 
