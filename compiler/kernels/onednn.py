@@ -139,10 +139,9 @@ def load_extension(cache_dir: str | os.PathLike | None = None, num_threads: int 
         cache_dir = os.environ.get(
             "TVMOPT_CACHE_DIR", str(Path("~/.cache/tvmopt").expanduser()))
     path = build_extension(cache_dir)
-    # Idle OpenMP workers spin by default; next to TVM's own thread pool and other processes
-    # that oversubscribes the cores and every oneDNN call waits out time slices. libgomp reads
-    # this once, when it is first loaded, so it must be set before the extension is.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # libgomp's default wait policy (spin briefly, then sleep) is kept: a model's kernels all
+    # run on this one OpenMP team (share_pool), and waking sleeping workers for each of them
+    # (OMP_WAIT_POLICY=PASSIVE) made MobileNetV2 2x slower here.
     if path not in _loaded:
         # Keep the module object alive: the registered globals point into the library.
         _loaded[path] = tvm_ffi.load_module(path)
