@@ -42,6 +42,7 @@ class PipelineConfig:
     """
 
     database: object | None = None
+    database_id: str = ""  # the database's content hash: part of the dispatch timing cache key
     precision_passes: list = field(default_factory=list)
     extra_passes: list = field(default_factory=list)
     weight_prepack: bool = False
@@ -131,14 +132,16 @@ def _dispatch_library(target, cfg):
         part = onednn.partition(mod)
         # The kernels' own small builds are not phases of this compile: keep them out of the
         # phase-run record.
-        # The two sides of each timing, built the way the final module will be.
-        plain = PipelineConfig(dispatch="codegen", channels_last=False)
+        # The two sides of each timing, built the way the final module will be: the codegen
+        # side with the database's records where it has one for the kernel.
+        plain = PipelineConfig(dispatch="codegen", channels_last=False, database=cfg.database,
+                               weight_prepack=cfg.weight_prepack)
         with _unrecorded():
             keep, cfg.dispatch_choices = choose.choose(
                 part, target,
                 build_codegen=lambda m: build(m, target, plain),
                 build_library=lambda m: build(onednn.lower(m), target, plain),
-                ext_id=onednn.extension_id(),
+                ext_id=":".join(filter(None, [onednn.extension_id(), cfg.database_id])),
                 force="library" if cfg.dispatch == "library" else None)
         return onednn.lower(part, keep)
 

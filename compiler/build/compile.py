@@ -136,6 +136,16 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     # A database's records were tuned on the NCHW functions `tune` extracted: keep that layout.
     cfg = pipeline.PipelineConfig(weight_prepack=prepack, dispatch=opts.dispatch,
                                   channels_last=not opts.db)
+    loaded = None
+    if opts.db:
+        from ..tuning.replay import load_database
+
+        # Opened before the front half: the per-kernel dispatch timing builds the codegen side
+        # with its records, so a tuned kernel competes with oneDNN as it will run.
+        t_db = time.perf_counter()
+        loaded = load_database(opts.db, hw)
+        cfg.database, cfg.database_id = loaded.db, loaded.sha256
+        timings["database_s"] = time.perf_counter() - t_db
 
     # Front half, then the plan of its fp32 kernels: the roofline picks the precision per target.
     t_plan = time.perf_counter()
@@ -161,9 +171,17 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         from ..tuning.replay import replay_database
 
         t_db = time.perf_counter()
-        replay = replay_database(opts.db, hw, fused, opts.require_db)
+        replay = replay_database(opts.db, hw, fused, opts.require_db, loaded=loaded)
+        from ..tuning.prefer import prefer_default_where_faster
+
+        replay.compared = prefer_default_where_faster(replay, hw, fused, prepack)
         cfg.database = replay.db
-        timings["database_s"] = time.perf_counter() - t_db
+        dropped = [c.task for c in replay.compared if not c.kept]
+        if replay.compared:
+            log(f"database: {len(replay.compared) - len(dropped)} of {len(replay.compared)} "
+                f"tuned records measure faster than the default schedule here and are used"
+                + (f"; default schedule kept for {', '.join(dropped)}" if dropped else ""))
+        timings["database_s"] += time.perf_counter() - t_db
 
     t1 = time.perf_counter()
     ex = pipeline.build(fused, target, cfg, dump=dump, start_after=pipeline.FRONT_HALF)

@@ -29,8 +29,12 @@ from . import options
 @click.option("--tasks", "task_selection", default="all", show_default=True, metavar="all|slowest:N",
               help="slowest:N: time every kernel under the default schedules on this host first "
                    "and tune only the N that cost the most per inference.")
+@options.dispatch("Leave out of tuning the conv2d/matmul kernels compile would give oneDNN: "
+                  "auto (those timing faster there), library (all it takes), codegen (none). "
+                  "Compile with the same setting.")
 def tune(model, target, trials, db, max_trials_per_task, shapes, rpc_tracker, rpc_key,
-         trials_per_round, prune_top_k, population, weight_prepack, missing_only, task_selection):
+         trials_per_round, prune_top_k, population, weight_prepack, missing_only, task_selection,
+         dispatch):
     """Tune MODEL (.onnx or .pt2) with MetaSchedule (XGBoost cost model) into a resumable database."""
     from ..tuning.report import print_tune_result
     from ..tuning.tune import TuneOptions, tune as run_tune
@@ -41,7 +45,7 @@ def tune(model, target, trials, db, max_trials_per_task, shapes, rpc_tracker, rp
                        rpc_tracker=rpc_tracker, rpc_key=rpc_key,
                        trials_per_round=trials_per_round, population=population,
                        weight_prepack=weight_prepack, missing_only=missing_only,
-                       tasks=task_selection)
+                       tasks=task_selection, dispatch=dispatch)
     result = run_tune(opts, console=options.err_console)
     print_tune_result(result)
     if prune_top_k:

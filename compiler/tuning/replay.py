@@ -4,7 +4,7 @@ the fused module the compile's "database" phase will see."""
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TuningError
@@ -25,6 +25,8 @@ class Replay:
     misses: list[str]
     sanitized: SanitizeReport
     manifest: dict | None
+    # Each served task tuned vs the default schedule on this host (tuning/prefer.py).
+    compared: list = field(default_factory=list)
 
     @property
     def weight_prepack(self) -> bool:
@@ -42,11 +44,13 @@ class Replay:
                 "skipped_lines": self.sanitized.dropped,
                 "weight_prepack": self.weight_prepack,
                 "db_trials": (self.manifest or {}).get("trials"),
-                "db_shapes": (self.manifest or {}).get("shapes")}
+                "db_shapes": (self.manifest or {}).get("shapes"),
+                "records_vs_default": [c.to_json() for c in self.compared]}
 
 
-def open_for_replay(folder: str | Path, hw, fused_mod) -> Replay:
-    """Open a database read-only (sanitized into memory) and match it to the fused module.
+def load_database(folder: str | Path, hw) -> Replay:
+    """Open a database read-only (sanitized into memory), not yet matched to a module: compile
+    needs it before its front half, where the per-kernel dispatch timing builds with it.
 
     Raises:
         TuningError: the folder does not exist or holds no database.
@@ -75,25 +79,38 @@ def open_for_replay(folder: str | Path, hw, fused_mod) -> Replay:
             wl = db.commit_workload(rec.workload.mod)
             db.commit_tuning_record(ms.database.TuningRecord(
                 rec.trace, wl, rec.run_secs, rec.target, rec.args_info))
-    hits, misses = [], []
+    return Replay(db, folder, database_sha256(folder), [], [], rep, manifest)
+
+
+def match(replay: Replay, hw, fused_mod) -> Replay:
+    """Fill in which of the fused module's tasks the database serves."""
+    target = hw.to_tvm()
+    replay.hits, replay.misses = [], []
     for task in extract_tasks(fused_mod, target):
-        rec = db.query_tuning_record(task.mod, target, task.name)
-        (hits if rec is not None else misses).append(task.name)
-    return Replay(db, folder, database_sha256(folder), hits, misses, rep, manifest)
+        rec = replay.db.query_tuning_record(task.mod, target, task.name)
+        (replay.hits if rec is not None else replay.misses).append(task.name)
+    return replay
 
 
-def replay_database(folder: str | Path, hw, fused_mod, require: bool = False) -> Replay:
+def open_for_replay(folder: str | Path, hw, fused_mod) -> Replay:
+    """Open a database read-only and match it to the fused module."""
+    return match(load_database(folder, hw), hw, fused_mod)
+
+
+def replay_database(folder: str | Path, hw, fused_mod, require: bool = False,
+                    loaded: Replay | None = None) -> Replay:
     """Open `folder` for `compile --db` and match it against the compile's fused module.
 
     Args:
         fused_mod: the module after the pipeline's front half, built with the database's
             weight_prepack setting (`database.db_weight_prepack`) and the compile's precision
             passes (they shape the fused functions).
+        loaded: the database from `load_database`, when compile opened it already.
 
     Raises:
         TuningError: with `require`, any task the database does not serve (named).
     """
-    replay = open_for_replay(folder, hw, fused_mod)
+    replay = match(loaded or load_database(folder, hw), hw, fused_mod)
     if require and replay.misses:
         raise TuningError(
             f"--require-db: database {replay.folder} has no schedule for "

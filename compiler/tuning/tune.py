@@ -24,21 +24,28 @@ from .select import parse_selection, slowest
 from .tasks import TUNE_AFTER_PHASE, Task, extract_tasks
 
 
-def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False):
+def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False,
+                 dispatch: str = "codegen", notes: list | None = None):
     """Import the model and run tvmopt's pipeline through the fusion phase.
 
+    With `dispatch` "auto" or "library" the kernels compile would hand to oneDNN are already
+    library calls here, so they are no tuning tasks: trials go only to what stays codegen.
+
     Returns:
-        (IRModule after fusion, ImportedModel)
+        (IRModule after fusion, ImportedModel, the dispatch choices)
     """
     from .. import pipeline
     from ..frontend.model_file import import_model
 
     imported = import_model(model_path, shapes)
     target = hw.to_tvm()
-    mod = pipeline.optimize(imported.mod, target,
-                            pipeline.PipelineConfig(weight_prepack=weight_prepack, channels_last=False),
-                            until=TUNE_AFTER_PHASE)
-    return mod, imported
+    # channels_last=False: the layout compile uses with a database (pipeline.PipelineConfig).
+    cfg = pipeline.PipelineConfig(weight_prepack=weight_prepack, channels_last=False,
+                                  dispatch=dispatch)
+    mod = pipeline.optimize(imported.mod, target, cfg, until=TUNE_AFTER_PHASE)
+    if notes is not None:
+        notes.extend(cfg.notes)
+    return mod, imported, cfg.dispatch_choices
 
 
 @dataclass
@@ -116,6 +123,9 @@ class TuneOptions:
             change altered some kernels); tasks already served by the database get no trials.
         tasks: "all", or "slowest:N": only the N tasks with the most time per inference under
             the default schedules, timed on this host before tuning (tuning/select.py).
+        dispatch: as compile's: with "auto" the kernels that time faster on oneDNN (and with
+            "library" every kernel oneDNN takes) are left out of tuning. Compile with the
+            same setting, so both make the same choices.
     """
 
     model: str
@@ -132,6 +142,7 @@ class TuneOptions:
     weight_prepack: bool = False
     missing_only: bool = False
     tasks: str | None = None
+    dispatch: str = "codegen"
 
     def __post_init__(self):
         from ..frontend.onnx_model import parse_shapes
@@ -193,6 +204,10 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     Raises:
         TuningError: the database is locked, for another target, or the model has no tasks.
     """
+    if console is None:
+        from rich.console import Console
+
+        console = Console(stderr=True)
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn)
     from tvm.s_tir import meta_schedule as ms
@@ -207,7 +222,15 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     hw = get_target(opts.target)
     target = hw.to_tvm()
     folder = Path(opts.db)
-    mod, imported = fused_module(opts.model, opts.shapes, hw, opts.weight_prepack)
+    notes: list = []
+    mod, imported, choices = fused_module(opts.model, opts.shapes, hw, opts.weight_prepack,
+                                          opts.dispatch, notes)
+    for note in notes:
+        console.print(f"note: {note}")
+    on_library = [c for c in choices if c.choice == "library"]
+    if on_library:
+        console.print(f"{sum(c.sites for c in on_library)} kernels run on oneDNN "
+                      f"(--dispatch {opts.dispatch}, {len(on_library)} workloads): not tuned")
     _require_static(imported.inputs)
     tasks = extract_tasks(mod, target)
     if not tasks:
@@ -336,6 +359,7 @@ def _write_manifest(folder: Path, hw, target, opts: TuneOptions, model_sha: str,
         "trials": records,
         "trial_budget": opts.trials,
         "weight_prepack": opts.weight_prepack,
+        "dispatch": opts.dispatch,
         "search": {"strategy": "evolutionary", "population": opts.population,
                    "cost_model": "xgb", "task_scheduler": "gradient"},
         "pruned_top_k": old.get("pruned_top_k"),

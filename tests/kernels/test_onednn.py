@@ -359,3 +359,30 @@ def test_plan_shows_each_dispatch_choice_with_its_timings(tmp_path, monkeypatch)
     assert out.exit_code == 0, out.output
     assert "dispatch (each workload timed" in out.output and "1x16x16x8" in out.output
     assert "yes" in out.output  # the second time, every workload comes from the cache
+
+
+def test_tune_leaves_out_the_kernels_compile_gives_onednn(tmp_path):
+    from tvmopt.targets.registry import get_target
+    from tvmopt.tuning import tune
+    from tvmopt.tuning.tasks import extract_tasks
+
+    hw = get_target("x86")
+    model = _small_cnn(tmp_path / "cnn.onnx")
+
+    def task_names(dispatch):
+        fused, _, choices = tune.fused_module(model, {}, hw, dispatch=dispatch)
+        return {t.name for t in extract_tasks(fused, hw.to_tvm())}, choices
+
+    everything, none = task_names("codegen")
+    left, choices = task_names("library")
+    assert none == [] and sum(c.sites for c in choices) == 4
+    assert any("conv2d" in n for n in everything)
+    assert left and left < everything and not any("conv2d" in n or "matmul" in n for n in left)
+
+    res = tune.tune(tune.TuneOptions(model=model, trials=2, db=str(tmp_path / "db"),
+                                     trials_per_round=2, population=16, dispatch="library"))
+    assert {t.name for t in res.tasks} == left
+    from tvmopt.tuning.database import MANIFEST_FILE
+
+    manifest = json.loads((tmp_path / "db" / MANIFEST_FILE).read_text())
+    assert manifest["dispatch"] == "library"

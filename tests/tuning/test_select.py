@@ -45,7 +45,7 @@ def test_selection_syntax():
 
 def test_slowest_keeps_the_costliest_task(tmp_path):
     hw = detect_host()
-    mod, _ = fused_module(_two_sizes(tmp_path / "m.onnx"), {}, hw, False)
+    mod, _, _ = fused_module(_two_sizes(tmp_path / "m.onnx"), {}, hw, False)
     found = tasks.extract_tasks(mod, hw.to_tvm())
     assert len(found) >= 2
     kept, costs = select.slowest(found, hw, 1)

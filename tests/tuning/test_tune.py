@@ -169,7 +169,7 @@ def test_prune_keeps_best_record_per_task(tuned, tmp_path):
     before, after = database.prune(copy, top_k=1)
     assert (before, after) == (8, 2)
     hw = get_target("x86")
-    fused, _ = tune.fused_module(model, SHAPE, hw)
+    fused, _, _ = tune.fused_module(model, SHAPE, hw)
     rep = replay.open_for_replay(copy, hw, fused)
     assert rep.hit_rate == 1.0
     pruned = tune.summarize(rep.db, tasks.extract_tasks(fused, hw.to_tvm()))

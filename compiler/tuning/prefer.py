@@ -1,0 +1,203 @@
+"""A tuned record is replayed only where it beats the default schedule on this host.
+
+MetaSchedule keeps the best of the candidates it measured, not the best schedule there is: with
+few trials per task (the usual budget on small machines) a record can be slower than the
+default CPU rules. So at compile time each task the database serves is built both ways, each
+in a module of its own kernels as compile builds them (weights bound as constants, so the
+default rules' weight packing folds away as it does in the model), timed, and the record is
+dropped where the default schedule measures as fast or faster. Timings are cached with the
+dispatch timings (same host identity), keyed by the task, the record and the target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+METHOD = "task-in-a-module-of-its-own"
+
+
+@dataclass
+class Comparison:
+    task: str
+    tuned_ms: float | None
+    default_ms: float | None
+    kept: bool
+    cached: bool = False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _call_sites(fused_mod) -> dict:
+    """PrimFunc name -> the args of its first call_tir in the model."""
+    import tvm
+    from tvm import relax
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    sites = {}
+
+    def visit(e):
+        if isinstance(e, relax.Call) and e.op.same_as(call_tir):
+            gv = e.args[0]
+            sites.setdefault(gv.name_hint, (gv, e))
+
+    for func in fused_mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return sites
+
+
+def _wrapper(fused_mod, gv, call):
+    """A Relax function calling the PrimFunc as the model does, constants kept, other args as
+    parameters. None when an argument is neither (a shape, a tuple)."""
+    import tvm
+    from tvm import relax
+
+    args = call.args[1]
+    if not isinstance(args, relax.Tuple):
+        return None
+    params, new_args = [], []
+    for a in args.fields:
+        if isinstance(a, tvm.ir.expr.Constant):
+            new_args.append(a)
+        elif isinstance(a.ty, relax.TensorType) and isinstance(a.ty.shape, relax.ShapeExpr) \
+                and all(isinstance(d, tvm.tirx.IntImm) for d in a.ty.shape.values):
+            p = relax.Var(f"a{len(params)}", a.ty)
+            params.append(p)
+            new_args.append(p)
+        else:
+            return None
+    if len(call.args) > 2:  # symbolic-shape tir_vars: not a static workload to time
+        return None
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        out = bb.emit(relax.call_tir(gv, relax.Tuple(new_args), call.ty_args[0]))
+        bb.emit_func_output(out)
+    return bb.get()["main"]
+
+
+def _feeds(func, rng):
+    out = []
+    for p in func.params:
+        shape = [int(d) for d in p.ty.shape.values]
+        dtype = str(p.ty.dtype)
+        arr = (rng.standard_normal(shape).astype(dtype) if dtype.startswith("float")
+               else np.zeros(shape, dtype=dtype))  # indices: 0 is in range for every gather
+        out.append(arr)
+    return out
+
+
+def _key(task_mod, record, target) -> str:
+    import tvm
+    import tvm_ffi
+
+    from ..kernels.dispatch import _host_id, _threads
+
+    text = "\n".join([str(tvm_ffi.structural_hash(task_mod)), str(record.trace), str(target),
+                      tvm.__version__, _host_id(), _threads(), METHOD])
+    return "record:" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = False,
+                                cache=None) -> list[Comparison]:
+    """Time each served task tuned and with the default schedule; drop the records that do not
+    win from `replay.db` (a new MemoryDatabase). Returns one Comparison per served task; []
+    when this host cannot run the target's code (the records are then kept as they are)."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from .. import pipeline
+    from ..errors import TargetError
+    from ..kernels.dispatch import TimingCache, time_call
+    from ..targets.registry import check_host_can_run
+    from .tasks import extract_tasks
+
+    if hw.device != "cpu":
+        return []
+    try:
+        check_host_can_run(hw.device, hw.arch, hw.features)
+    except TargetError:
+        return []
+    target = hw.to_tvm()
+    cache = cache or TimingCache()
+    sites = _call_sites(fused_mod)
+    served, todo, timed = {}, [], {}
+    for task in extract_tasks(fused_mod, target):
+        rec = replay.db.query_tuning_record(task.mod, target, task.name)
+        if rec is None or task.name not in sites:
+            continue
+        served[task.name] = (task, rec)
+        key = _key(task.mod, rec, target)
+        hit = cache.get(key, ("tuned_ms", "default_ms"))
+        if hit is not None:
+            timed[task.name] = (*hit, True)
+        else:
+            todo.append(task.name)
+    if todo:
+        mod = tvm.IRModule()
+        names = {}
+        for i, name in enumerate(todo):
+            gv, call = sites[name]
+            func = _wrapper(fused_mod, gv, call)
+            if func is None:
+                continue
+            mod[gv] = fused_mod[gv]
+            fname = f"tvmopt_task_{i}"
+            mod[fname] = func.with_attr("global_symbol", fname)
+            names[name] = fname
+        rng = np.random.default_rng(0)
+        dev = tvm.cpu()
+        tuned_cfg = pipeline.PipelineConfig(database=replay.db, weight_prepack=weight_prepack,
+                                            channels_last=False)
+        default_cfg = pipeline.PipelineConfig(channels_last=False)
+        with pipeline._unrecorded(), tempfile.TemporaryDirectory(prefix="tvmopt-prefer-") as tmp:
+            vms = {}
+            for side, cfg in (("tuned", tuned_cfg), ("default", default_cfg)):
+                ex = pipeline.build(mod, target, cfg, start_after=pipeline.FRONT_HALF)
+                path = f"{tmp}/{side}.so"
+                ex.export_library(path)  # loaded as an artifact is
+                vms[side] = relax.VirtualMachine(tvm.runtime.load_module(path), dev)
+            for name, fname in names.items():
+                inputs = [tvm.runtime.tensor(a, dev) for a in _feeds(mod[fname], rng)]
+                t_ms = time_call(vms["tuned"], fname, inputs, dev)
+                d_ms = time_call(vms["default"], fname, inputs, dev)
+                timed[name] = (t_ms, d_ms, False)
+                task, rec = served[name]
+                cache.put(_key(task.mod, rec, target), name, tuned_ms=t_ms, default_ms=d_ms)
+        cache.save()
+    out, drop = [], []
+    for name, (task, rec) in served.items():
+        if name not in timed:
+            out.append(Comparison(name, None, None, True))  # not timeable here: kept
+            continue
+        t_ms, d_ms, cached = timed[name]
+        kept = t_ms < d_ms
+        if not kept:
+            drop.append(task.mod)
+        out.append(Comparison(name, round(t_ms, 4), round(d_ms, 4), kept, cached))
+    if drop:
+        replay.db = _without(replay.db, drop)
+    return out
+
+
+def _without(db, mods):
+    """A MemoryDatabase holding `db`'s records except those of the given task modules."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    hashes = {tvm_ffi.structural_hash(m) for m in mods}
+    new = ms.database.MemoryDatabase()
+    for rec in db.get_all_tuning_records():
+        wmod = rec.workload.mod
+        if tvm_ffi.structural_hash(wmod) in hashes and any(
+                tvm_ffi.structural_equal(wmod, m) for m in mods):
+            continue
+        wl = new.commit_workload(wmod)
+        new.commit_tuning_record(ms.database.TuningRecord(
+            rec.trace, wl, rec.run_secs, rec.target, rec.args_info))
+    return new

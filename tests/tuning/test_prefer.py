@@ -1,0 +1,72 @@
+"""A tuned record is replayed only where it measures faster than the default schedule."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from tests.models import tiny_mlp
+
+from tvmopt.cli.main import main
+from tvmopt.kernels.dispatch import TimingCache
+from tvmopt.targets.registry import get_target
+from tvmopt.tuning import prefer, replay, tune
+from tvmopt.tuning.tasks import extract_tasks
+
+SHAPES = {"x": (64, 256)}
+
+
+def _naive_records(fused, target):
+    """A database whose record for every task is the unscheduled loop nest (one core, no
+    tiling): what a search that found nothing better would leave, far slower than the rules."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.schedule import Schedule
+
+    db = ms.database.MemoryDatabase()
+    for task in extract_tasks(fused, target):
+        sch = Schedule(task.mod)
+        sch.get_loops(sch.get_sblock("matmul"))  # a trace that transforms nothing
+        wl = db.commit_workload(task.mod)
+        db.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, wl, [1e-3], target, ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))
+    return db
+
+
+def test_a_record_slower_than_the_default_schedule_is_dropped(tmp_path):
+    hw = get_target("host")
+    model = tiny_mlp(tmp_path / "mlp.onnx", batch=64, features=256, hidden=256, classes=256)
+    fused, _, _ = tune.fused_module(model, SHAPES, hw)
+    db = _naive_records(fused, hw.to_tvm())
+    rep = replay.Replay(db, tmp_path, "x", [], [], None, None)
+    cache = TimingCache(tmp_path / "timings.json")
+
+    got = prefer.prefer_default_where_faster(rep, hw, fused, cache=cache)
+    assert {c.task for c in got} == {t.name for t in extract_tasks(fused, hw.to_tvm())}
+    assert len(got) == 2
+    for c in got:
+        assert not c.kept and not c.cached and c.tuned_ms > c.default_ms > 0, c
+    assert rep.db.get_all_tuning_records() == []  # nothing left to replay
+
+    # A second compile on this host reads the verdicts instead of timing again.
+    rep2 = replay.Replay(_naive_records(fused, hw.to_tvm()), tmp_path, "x", [], [], None, None)
+    again = prefer.prefer_default_where_faster(rep2, hw, fused, cache=TimingCache(cache.path))
+    assert all(c.cached and not c.kept for c in again)
+
+
+def test_compile_with_a_database_records_each_comparison(tmp_path):
+    model = tiny_mlp(tmp_path / "mlp.onnx", batch=1, features=32, hidden=32, classes=8)
+    db = tmp_path / "db"
+    tune.tune(tune.TuneOptions(model=model, trials=4, db=str(db), shapes={"x": (1, 32)},
+                               target="host", trials_per_round=2, population=16))
+    out = tmp_path / "a.tvmopt"
+    res = CliRunner().invoke(main, ["compile", model, "--target", "host", "--shape", "x=1x32",
+                                    "--db", str(db), "--verify", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "tuned records measure faster than the default schedule" in " ".join(res.output.split())
+    tun = json.loads((out / "manifest.json").read_text())["tuning"]
+    rows = tun["records_vs_default"]
+    assert len(rows) == 2
+    assert all(r["tuned_ms"] > 0 and r["default_ms"] > 0 for r in rows)
+    for r in rows:  # (printed rounded: a tie reads equal)
+        assert r["tuned_ms"] <= r["default_ms"] if r["kept"] else r["tuned_ms"] >= r["default_ms"]
