@@ -192,6 +192,17 @@ def _duplicates_large_expr(sch, block_rv) -> bool:
     return any(_loads_of(str(sch.get(c).body), name) > 1 for c in sch.get_consumers(block_rv))
 
 
+def _write_numel(sch, block_rv):
+    """Elements of the buffer a block writes (None if a dim is symbolic)."""
+    n = 1
+    for d in sch.get(block_rv).writes[0].source.shape:
+        d = _const_int(d)
+        if d is None:
+            return None
+        n *= d
+    return n
+
+
 def _inline_spatial_producers(sch, blocks, keep):
     """Inline every spatial block except ``keep`` where TVM allows it and the inlined
     expression stays small; return the blocks left in place."""
@@ -322,6 +333,11 @@ class ContractionRule(ScheduleRule):
                 leftover = [b.block_rv for b in rest]
         else:
             leftover = []
+        if epilogue is not None and _write_numel(sch, epilogue) != _write_numel(sch, c.block):
+            # The epilogue writes more than the contraction (squeeze-excite: a 1x1 conv's
+            # sigmoid scaling a whole feature map): at the tile it would be unrolled over the
+            # whole map. It runs as its own elementwise pass instead.
+            leftover, epilogue = [epilogue], None
         if epilogue is not None:
             leftover = []
 
@@ -509,7 +525,12 @@ class ContractionRule(ScheduleRule):
         if ext is not None and ext > lanes and ext % lanes == 0:
             head, inner = sch.split(inner, factors=[None, lanes])
             below = below[:-1] + [head, inner]
-        for lp in below[:-1]:
+        # Unroll only what fits a register tile: a larger nest under the tile would be code
+        # size, not speed (and minutes of LLVM time).
+        body = 1
+        for lp in below:
+            body *= _extent(sch, lp) or 1 << 20
+        for lp in below[:-1] if body <= 64 * lanes else []:
             if _extent(sch, lp) is not None:
                 sch.unroll(lp)
         if ext is not None and ext > 1:

@@ -129,6 +129,26 @@ def cnn_block_case():
     return _model(nodes, [_vi("x", [1, 3, 32, 32])], [_vi("y", [1, 10])], inits)
 
 
+def squeeze_excite_case(c=48, r=12, hw=28):
+    """EfficientNet's squeeze-excite between two convs: pool -> 1x1 conv -> SiLU -> 1x1 conv ->
+    sigmoid, which scales the whole feature map: that conv's epilogue writes hw*hw times its
+    output."""
+    inits = [_const("w0", (c, c, 1, 1)), _const("w1", (r, c, 1, 1)), _const("b1", (r,)),
+             _const("w2", (c, r, 1, 1)), _const("b2", (c,)), _const("w3", (c, c, 1, 1))]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["f"], kernel_shape=[1, 1]),
+        helper.make_node("GlobalAveragePool", ["f"], ["g"]),
+        helper.make_node("Conv", ["g", "w1", "b1"], ["c1"], kernel_shape=[1, 1]),
+        helper.make_node("Sigmoid", ["c1"], ["s1"]),
+        helper.make_node("Mul", ["c1", "s1"], ["a1"]),
+        helper.make_node("Conv", ["a1", "w2", "b2"], ["c2"], kernel_shape=[1, 1]),
+        helper.make_node("Sigmoid", ["c2"], ["s2"]),
+        helper.make_node("Mul", ["f", "s2"], ["m"]),
+        helper.make_node("Conv", ["m", "w3"], ["y"], kernel_shape=[1, 1]),
+    ]
+    return _model(nodes, [_vi("x", [1, c, hw, hw])], [_vi("y", [1, c, hw, hw])], inits)
+
+
 CASES = {
     "conv3x3": lambda: conv_case(32, 64, 28, 3, 1, 1),
     "conv3x3_cin3_s2": lambda: conv_case(3, 32, 56, 3, 2, 1),
@@ -152,6 +172,7 @@ CASES = {
     "global_avgpool": lambda: pool_case("global", 64, 7),
     "eltwise": eltwise_case,
     "cnn_block": cnn_block_case,
+    "squeeze_excite": squeeze_excite_case,
 }
 
 SYM_SHAPES = {"dense_sym_batch_seq": {"x": (2, 37, 64)},
@@ -271,3 +292,19 @@ def test_depthwise_conv_reads_its_padding_in_place():
              if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in f.script()]
     assert convs and all("pad_temp" not in s and "PaddedInput" not in s for s in convs)
     assert all("T.if_then_else" in s for s in convs)
+
+
+def test_an_epilogue_larger_than_its_contraction_is_not_unrolled_at_the_tile():
+    """Squeeze-excite's scaling unrolled under a 1x1 conv's tile was 56*56*4 copies of a sigmoid
+    (EfficientNet-B0: LLVM ran for minutes); it runs as its own elementwise pass."""
+    import tvm
+
+    from tvmopt import pipeline
+
+    model = squeeze_excite_case(c=32, r=8, hw=80)
+    _, scheduled = _run(model, _inputs("squeeze_excite", model),
+                        pipeline.PipelineConfig(channels_last=True))
+    unrolled = [int(n) for _, f in scheduled.functions_items()
+                if isinstance(f, tvm.tirx.PrimFunc)
+                for n in re.findall(r"T\.unroll\(T\.int64\((\d+)\)\)", f.script())]
+    assert unrolled and max(unrolled) <= 64
