@@ -26,6 +26,10 @@ EXEC_MODES = ("bytecode", "compiled")
 # oneDNN through a tvm-ffi extension wherever a pattern takes the kernel ("library"; the rest
 # stays codegen), or "auto": the library where it can be built and loaded, codegen otherwise.
 DISPATCH = ("codegen", "library", "auto")
+# What compile, plan and tune use unless told: each kernel the faster way on this host. Where
+# the library cannot be built or loaded, or the target is not x86, that is the default
+# schedules, with a note.
+DEFAULT_DISPATCH = "auto"
 
 
 @dataclass
@@ -119,8 +123,17 @@ def _dispatch_library(target, cfg):
 
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.DispatchOneDNN")
     def dispatch(mod, ctx):
+        import platform
+
         from .kernels import dispatch as choose, onednn
 
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            # The extension is built for, and the kernels timed on, the build host.
+            note = (f"oneDNN dispatch needs an x86 build host (this is {platform.machine()}): "
+                    "default schedules used for every kernel")
+            if note not in cfg.notes:
+                cfg.notes.append(note)
+            return mod
         try:
             onednn.load_extension()
         except Exception as err:  # noqa: BLE001 - a missing library falls back, never fails

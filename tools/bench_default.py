@@ -8,9 +8,13 @@ times faster), no tuning database; then times tvmopt (both), onnxruntime (CPU pr
 PyTorch eager interleaved in blocks, every runtime on the same number of threads, and prints
 medians, P95, ratios to onnxruntime, the geometric means and the compile times.
 
+`--models hf:resnet50,hf:vit_small,...` takes published architectures from `transformers`
+instead (tools/hf_models.py: upstream implementations, random weights): models this project's
+rules were not written against.
+
 Usage:
-  python tools/bench_default.py [--models resnet18,bert4l] [--batches 1,8] [--threads 2]
-                                [--runs 20] [--out DIR] [--json results.json]
+  python tools/bench_default.py [--models resnet18,bert4l,hf:resnet50] [--batches 1,8]
+                                [--threads 2] [--runs 20] [--out DIR] [--json results.json]
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ def _args(argv):
     import torch_models
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=",".join(torch_models.MODELS))
+    ap.add_argument("--models", default=",".join(torch_models.MODELS),
+                    help="names from tools/torch_models.py, or hf:NAME from tools/hf_models.py")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--runs", type=int, default=20, help="timed calls per runtime and row")
@@ -66,6 +71,17 @@ def _interleaved(runners: dict, runs: int, block: int) -> dict[str, list[float]]
     return {k: np.asarray(v[:runs]) for k, v in times.items()}
 
 
+def _source(name: str):
+    """(module that builds and exports it, its name there)."""
+    if name.startswith("hf:"):
+        import hf_models
+
+        return hf_models, name[3:]
+    import torch_models
+
+    return torch_models, name
+
+
 def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
     args = _args(argv)
@@ -74,19 +90,19 @@ def main(argv=None) -> int:
     import numpy as np
     import onnxruntime as ort
     import torch
-    import torch_models
 
     import tvmopt
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     rows = []
-    for name in args.models.split(","):
+    for full_name in args.models.split(","):
+        source, name = _source(full_name)
         for batch in [int(b) for b in args.batches.split(",")]:
-            path = torch_models.export(name, str(out / "models"), batch)
-            x = torch_models.example(name, batch)
+            path = source.export(name, str(out / "models"), batch)
+            x = source.example(name, batch)
             feed = {"input": x.numpy()}
-            row = {"model": name, "batch": batch, "compile_s": {}, "ms": {}}
+            row = {"model": full_name, "batch": batch, "compile_s": {}, "ms": {}}
             runners = {}
             for mode in args.dispatch.split(","):
                 t0 = time.perf_counter()
@@ -105,7 +121,7 @@ def main(argv=None) -> int:
             so.inter_op_num_threads = 1
             sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
             runners["onnxruntime"] = lambda: sess.run(None, feed)
-            model = torch_models.build(name)
+            model = source.build(name)
 
             def eager(model=model, x=x):
                 with torch.inference_mode():

@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import stage
+from ..pipeline import DEFAULT_DISPATCH
 from ..errors import BuildError, TvmoptError
 from ..frontend.onnx_model import parse_shapes
 from ..precision.policy import parse as parse_precision
 from ..runtime.verify import Tolerance
 from ..targets.cross import cross_cc
 from ..targets.registry import HardwareTarget, get_target, target_json
-from ..tuning.database import db_weight_prepack
+from ..tuning.database import db_dispatch, db_weight_prepack
 
 
 @dataclass
@@ -32,8 +33,9 @@ class CompileOptions:
         save_temps: folder to dump the IR after each phase (TVMOPT_SAVE_TEMPS).
         db: MetaSchedule database folder (from `tvmopt tune`) to replay after fusion.
         require_db: fail if the database misses any task instead of falling back to dlight.
-        dispatch: CPU conv2d/matmul by "codegen" (default schedules), "library" (oneDNN) or
-            "auto" (timed per kernel); see tvmopt.pipeline.DISPATCH.
+        dispatch: CPU conv2d/matmul by "auto" (the default: each kernel timed both ways on
+            this host, the faster kept), "codegen" (default schedules) or "library" (oneDNN
+            wherever it takes the kernel); see tvmopt.pipeline.DISPATCH.
         allow_newer_opset: import an opset newer than the importer knows (recorded).
     """
 
@@ -50,12 +52,16 @@ class CompileOptions:
     max_error: float | None = None
     db: str | None = None
     require_db: bool = False
-    dispatch: str = "codegen"
+    # None: the setting the database was tuned with (its tasks were extracted under it, so
+    # only then do its records match), else DEFAULT_DISPATCH.
+    dispatch: str | None = None
     allow_newer_opset: bool = False
 
     def __post_init__(self):
         from ..pipeline import DISPATCH
 
+        if self.dispatch is None:
+            self.dispatch = db_dispatch(self.db) if self.db else DEFAULT_DISPATCH
         if self.dispatch not in DISPATCH:
             raise TvmoptError(f"unknown dispatch '{self.dispatch}' (choose {', '.join(DISPATCH)})")
         if isinstance(self.shapes, (list, tuple)):

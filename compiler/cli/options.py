@@ -45,10 +45,11 @@ def precision(help: str = "auto: the plan picks per target ('tvmopt plan' shows 
 
 def dispatch(help: str = "Who computes conv2d/matmul on CPU: codegen (tvmopt's default "
                          "schedules), library (oneDNN wherever it takes the kernel), auto (each "
-                         "kernel timed both ways on this host, the faster kept)."):
-    from ..pipeline import DISPATCH
+                         "kernel timed both ways on this host, the faster kept). Default: the "
+                         "--db database's setting, else auto."):
+    from ..pipeline import DEFAULT_DISPATCH, DISPATCH
 
-    return click.option("--dispatch", default="codegen", show_default=True,
+    return click.option("--dispatch", default=None, show_default=DEFAULT_DISPATCH,
                         type=click.Choice(DISPATCH), help=help)
 
 

@@ -22,12 +22,13 @@ def plan(model, target, precision, shapes, dims, dispatch, as_json):
     """Per fused kernel: ops, FLOPs, bytes, intensity, bound, precision and predicted time."""
     from ..build.compile import CompileOptions
     from ..build.plan import plan_model
+    from ..pipeline import DEFAULT_DISPATCH
     from ..report import print_plan
     from ..targets.registry import get_target
 
     opts = CompileOptions(model=model or options.default_model(), target=target, shapes=list(shapes))
     p = plan_model(opts.model, get_target(target), precision, dims=options.parse_dims(dims),
-                  shapes=opts.shapes, dispatch=dispatch)
+                  shapes=opts.shapes, dispatch=dispatch or DEFAULT_DISPATCH)
     if as_json:
         click.echo(json.dumps(p.to_json(), indent=2))
     else:

@@ -132,6 +132,12 @@ def db_weight_prepack(folder: str | Path) -> bool:
     return bool((read_manifest(Path(folder)) or {}).get("weight_prepack"))
 
 
+def db_dispatch(folder: str | Path) -> str:
+    """The --dispatch the database was tuned under ("codegen" for databases from before tune
+    had the option: every kernel was a task)."""
+    return str((read_manifest(Path(folder)) or {}).get("dispatch") or "codegen")
+
+
 def check_target(folder: Path, manifest: dict | None, hw) -> None:
     """Refuse a database tuned for another target (MetaSchedule would not notice).
 

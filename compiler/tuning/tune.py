@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import TuningError
 from .database import (MANIFEST_FILE, SanitizeReport, _atomic_write, _json_roundtrip, _valid_secs,
-                       check_record_targets, check_target, check_tvm_version, locked,
+                       check_record_targets, check_target, check_tvm_version, db_dispatch, locked,
                        open_json_database, read_manifest, sanitize_files)
 from .interrupt import CtrlC
 from .measure import load_target_intrinsics, make_builder, make_runner, parse_host_port
@@ -142,7 +142,7 @@ class TuneOptions:
     weight_prepack: bool = False
     missing_only: bool = False
     tasks: str | None = None
-    dispatch: str = "codegen"
+    dispatch: str | None = None  # None: the database's setting, else as compile's default
 
     def __post_init__(self):
         from ..frontend.onnx_model import parse_shapes
@@ -222,6 +222,11 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     hw = get_target(opts.target)
     target = hw.to_tvm()
     folder = Path(opts.db)
+    if opts.dispatch is None:  # a database keeps the setting its tasks were extracted under
+        from ..pipeline import DEFAULT_DISPATCH
+
+        manifest = read_manifest(folder) if folder.exists() else None
+        opts.dispatch = db_dispatch(folder) if manifest is not None else DEFAULT_DISPATCH
     notes: list = []
     mod, imported, choices = fused_module(opts.model, opts.shapes, hw, opts.weight_prepack,
                                           opts.dispatch, notes)

@@ -58,7 +58,8 @@ def test_compile_with_a_database_records_each_comparison(tmp_path):
     model = tiny_mlp(tmp_path / "mlp.onnx", batch=1, features=32, hidden=32, classes=8)
     db = tmp_path / "db"
     tune.tune(tune.TuneOptions(model=model, trials=4, db=str(db), shapes={"x": (1, 32)},
-                               target="host", trials_per_round=2, population=16))
+                               target="host", trials_per_round=2, population=16,
+                               dispatch="codegen"))
     out = tmp_path / "a.tvmopt"
     res = CliRunner().invoke(main, ["compile", model, "--target", "host", "--shape", "x=1x32",
                                     "--db", str(db), "--verify", "-o", str(out)])

@@ -28,7 +28,7 @@ def tuned(tmp_path_factory):
     db = root / "db"
     # A small population keeps the search cheap on 2 busy cores; 8 trials still find schedules.
     result = tune.tune(tune.TuneOptions(model=model, trials=8, db=str(db), shapes=SHAPE,
-                                            trials_per_round=4, population=32))
+                                            trials_per_round=4, population=32, dispatch="codegen"))
     return model, db, result
 
 
