@@ -9,8 +9,6 @@ with torch.onnx.export at opset 17. Vision models take 1x3x224x224 per image; te
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
@@ -81,11 +79,6 @@ def example(name: str, batch: int) -> torch.Tensor:
 
 
 def export(name: str, out_dir: str, batch: int = 1) -> str:
-    """`torch.onnx.export` at opset 17 with a static batch; cached by file name."""
-    path = os.path.join(out_dir, f"hf_{name}_b{batch}.onnx")
-    if not os.path.exists(path):
-        os.makedirs(out_dir, exist_ok=True)
-        with torch.no_grad():
-            torch.onnx.export(build(name), (example(name, batch),), path, opset_version=17,
-                              dynamo=False, input_names=["input"], output_names=["output"])
-    return path
+    from torch_models import export_onnx  # a sibling in tools/, on sys.path when run from there
+
+    return export_onnx(build, example, name, out_dir, batch, prefix="hf_")

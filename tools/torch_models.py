@@ -237,11 +237,15 @@ def example(name: str, batch: int) -> torch.Tensor:
 
 
 def export(name: str, out_dir: str, batch: int = 1) -> str:
+    return export_onnx(build, example, name, out_dir, batch)
+
+
+def export_onnx(build_fn, example_fn, name: str, out_dir: str, batch: int, prefix: str = "") -> str:
     """`torch.onnx.export` at opset 17 with a static batch; cached by file name."""
-    path = os.path.join(out_dir, f"{name}_b{batch}.onnx")
+    path = os.path.join(out_dir, f"{prefix}{name}_b{batch}.onnx")
     if not os.path.exists(path):
         os.makedirs(out_dir, exist_ok=True)
         with torch.no_grad():
-            torch.onnx.export(build(name), (example(name, batch),), path, opset_version=17,
+            torch.onnx.export(build_fn(name), (example_fn(name, batch),), path, opset_version=17,
                               dynamo=False, input_names=["input"], output_names=["output"])
     return path

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import stage
-from ..pipeline import DEFAULT_DISPATCH
 from ..errors import BuildError, TvmoptError
 from ..frontend.onnx_model import parse_shapes
+from ..pipeline import DEFAULT_DISPATCH
 from ..precision.policy import parse as parse_precision
 from ..runtime.verify import Tolerance
 from ..targets.cross import cross_cc

@@ -87,9 +87,7 @@ class TimingCache:
         ok = isinstance(v, dict) and set(fields) <= set(v)
         return tuple(v[f] for f in fields) if ok else None
 
-    def put(self, key: str, kernel: str, library_ms=None, codegen_ms=None, **fields) -> None:
-        if not fields:
-            fields = {"library_ms": library_ms, "codegen_ms": codegen_ms}
+    def put(self, key: str, kernel: str, **fields) -> None:
         self.data[key] = {"kernel": kernel, **fields}
 
     def save(self) -> None:
@@ -129,6 +127,17 @@ def _kernel_function(func, args):
         if plain.attrs is not None and attr in plain.attrs:
             plain = plain.without_attr(attr)
     return plain.bind_params(binds) if binds else plain
+
+
+def random_inputs(func, rng) -> list[np.ndarray]:
+    """Arrays for a Relax function's static tensor params: floats normal, integers 0 (an index
+    in range for every gather)."""
+    out = []
+    for p in func.params:
+        shape, dtype = [int(d) for d in p.ty.shape.values], str(p.ty.dtype)
+        out.append(rng.standard_normal(shape).astype(dtype) if dtype.startswith("float")
+                   else np.zeros(shape, dtype=dtype))
+    return out
 
 
 def time_call(vm, name: str, inputs, dev) -> float:
@@ -219,8 +228,7 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
                 call_args.append(a if not isinstance(a, relax.Var) else next(it))
             lib_mod[name] = relax.Function(params, relax.Call(gv, call_args), func.ret_ty) \
                 .with_attr("global_symbol", name)
-            feeds[name] = [rng.standard_normal([int(d) for d in p.ty.shape.values])
-                           .astype(str(p.ty.dtype)) for p in func.params]
+            feeds[name] = random_inputs(func, rng)
         dev = tvm.cpu()
         with tempfile.TemporaryDirectory(prefix="tvmopt-dispatch-") as tmp:
             vm_cg = relax.VirtualMachine(
@@ -233,7 +241,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
                 lib_ms = time_call(vm_lib, name, inputs, dev)
                 cg_ms = time_call(vm_cg, name, inputs, dev)
                 timed[k] = (lib_ms, cg_ms, False)
-                cache.put(_cache_key(k, target_text, ext_id), k, lib_ms, cg_ms)
+                cache.put(_cache_key(k, target_text, ext_id), k, library_ms=lib_ms,
+                          codegen_ms=cg_ms)
         cache.save()
     keep, choices = set(), []
     for k, gvs in by_key.items():

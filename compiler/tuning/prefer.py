@@ -11,7 +11,6 @@ dispatch timings (same host identity), keyed by the task, the record and the tar
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from dataclasses import asdict, dataclass
 
@@ -51,7 +50,7 @@ def _call_sites(fused_mod) -> dict:
     return sites
 
 
-def _wrapper(fused_mod, gv, call):
+def _wrapper(gv, call):
     """A Relax function calling the PrimFunc as the model does, constants kept, other args as
     parameters. None when an argument is neither (a shape, a tuple)."""
     import tvm
@@ -80,26 +79,14 @@ def _wrapper(fused_mod, gv, call):
     return bb.get()["main"]
 
 
-def _feeds(func, rng):
-    out = []
-    for p in func.params:
-        shape = [int(d) for d in p.ty.shape.values]
-        dtype = str(p.ty.dtype)
-        arr = (rng.standard_normal(shape).astype(dtype) if dtype.startswith("float")
-               else np.zeros(shape, dtype=dtype))  # indices: 0 is in range for every gather
-        out.append(arr)
-    return out
-
-
 def _key(task_mod, record, target) -> str:
-    import tvm
+    """The dispatch timings' key (TVM version, host, threads) over the task and its record."""
     import tvm_ffi
 
-    from ..kernels.dispatch import _host_id, _threads
+    from ..kernels.dispatch import _cache_key
 
-    text = "\n".join([str(tvm_ffi.structural_hash(task_mod)), str(record.trace), str(target),
-                      tvm.__version__, _host_id(), _threads(), METHOD])
-    return "record:" + hashlib.sha256(text.encode()).hexdigest()[:24]
+    what = f"record {tvm_ffi.structural_hash(task_mod)}\n{record.trace}"
+    return "record:" + _cache_key(what, str(target), METHOD)
 
 
 def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = False,
@@ -109,11 +96,10 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
     when this host cannot run the target's code (the records are then kept as they are)."""
     import tvm
     from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
 
     from .. import pipeline
     from ..errors import TargetError
-    from ..kernels.dispatch import TimingCache, time_call
+    from ..kernels.dispatch import TimingCache, random_inputs, time_call
     from ..targets.registry import check_host_can_run
     from .tasks import extract_tasks
 
@@ -143,7 +129,7 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
         names = {}
         for i, name in enumerate(todo):
             gv, call = sites[name]
-            func = _wrapper(fused_mod, gv, call)
+            func = _wrapper(gv, call)
             if func is None:
                 continue
             mod[gv] = fused_mod[gv]
@@ -163,7 +149,7 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
                 ex.export_library(path)  # loaded as an artifact is
                 vms[side] = relax.VirtualMachine(tvm.runtime.load_module(path), dev)
             for name, fname in names.items():
-                inputs = [tvm.runtime.tensor(a, dev) for a in _feeds(mod[fname], rng)]
+                inputs = [tvm.runtime.tensor(a, dev) for a in random_inputs(mod[fname], rng)]
                 t_ms = time_call(vms["tuned"], fname, inputs, dev)
                 d_ms = time_call(vms["default"], fname, inputs, dev)
                 timed[name] = (t_ms, d_ms, False)

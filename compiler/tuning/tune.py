@@ -162,6 +162,11 @@ class TuneOptions:
             from ..targets.registry import get_target
 
             self.db = str(Path("schedules") / Path(self.model).stem / get_target(self.target).name)
+        if self.dispatch is None:  # a database keeps the setting its tasks were extracted under
+            from ..pipeline import DEFAULT_DISPATCH
+
+            exists = (Path(self.db) / MANIFEST_FILE).exists()
+            self.dispatch = db_dispatch(self.db) if exists else DEFAULT_DISPATCH
 
 
 def _progress_callback(progress, bar, result: TuneResult):
@@ -222,11 +227,6 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     hw = get_target(opts.target)
     target = hw.to_tvm()
     folder = Path(opts.db)
-    if opts.dispatch is None:  # a database keeps the setting its tasks were extracted under
-        from ..pipeline import DEFAULT_DISPATCH
-
-        manifest = read_manifest(folder) if folder.exists() else None
-        opts.dispatch = db_dispatch(folder) if manifest is not None else DEFAULT_DISPATCH
     notes: list = []
     mod, imported, choices = fused_module(opts.model, opts.shapes, hw, opts.weight_prepack,
                                           opts.dispatch, notes)
