@@ -145,14 +145,18 @@ def _dispatch_library(target, cfg):
         part = onednn.partition(mod)
         # The kernels' own small builds are not phases of this compile: keep them out of the
         # phase-run record.
-        # The two sides of each timing, built the way the final module will be: the codegen
-        # side with the database's records where it has one for the kernel.
-        plain = PipelineConfig(dispatch="codegen", channels_last=False, database=cfg.database,
-                               weight_prepack=cfg.weight_prepack)
+        # The two sides of each timing, built the way the final module may be. With a
+        # database, a tuned kernel ships only where it beats the default schedule
+        # (tuning.prefer), so the codegen side is timed both ways and the faster counts.
+        plain = PipelineConfig(dispatch="codegen", channels_last=False)
+        codegen = {"default": lambda m: build(m, target, plain)}
+        if cfg.database is not None:
+            tuned = PipelineConfig(dispatch="codegen", channels_last=False,
+                                   database=cfg.database, weight_prepack=cfg.weight_prepack)
+            codegen["tuned"] = lambda m: build(m, target, tuned)
         with _unrecorded():
             keep, cfg.dispatch_choices = choose.choose(
-                part, target,
-                build_codegen=lambda m: build(m, target, plain),
+                part, target, build_codegen=codegen,
                 build_library=lambda m: build(onednn.lower(m), target, plain),
                 ext_id=":".join(filter(None, [onednn.extension_id(), cfg.database_id])),
                 force="library" if cfg.dispatch == "library" else None)

@@ -195,7 +195,8 @@ def print_plan(p, model: str) -> None:
                       "'cached': timed by an earlier compile):")
         ms = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
         rows = [[escape(c["kernel"].split("|")[0]), escape(_workload_shapes(c["kernel"])),
-                 str(c["sites"]), c["choice"], ms(c["library_ms"]), ms(c["codegen_ms"]),
+                 str(c["sites"]), c["choice"], ms(c["library_ms"]),
+                 ms(c["codegen_ms"]) + (" (tuned)" if c.get("codegen_by") == "tuned" else ""),
                  "yes" if c["cached"] else "no"] for c in p.dispatch]
         cols = [("pattern", "left"), ("shapes", "left"), ("sites", "right"), ("choice", "left"),
                 ("oneDNN ms", "right"), ("codegen ms", "right"), ("cached", "left")]

@@ -1,8 +1,9 @@
 """Per-kernel choice between oneDNN and the default schedules, by a short timing on this host.
 
 Every conv2d / matmul chain oneDNN can take is timed both ways, each in isolation with its real
-weights: all candidates go into one module per side (two builds in all), and each is timed with
-the VM's time_evaluator. The faster side wins; a library call must beat the codegen kernel by
+weights: all candidates go into one module per side (two builds in all; three with a tuning
+database, whose records ship only where they beat the default schedules, so the codegen side is
+the faster of the two), and each is timed as an exported artifact runs it. The faster side wins; a library call must beat the codegen kernel by
 `MARGIN` to be chosen, since it also costs a dispatch and a dependency. Timings are cached per
 (workload, target, TVM and extension version, CPU model, threads), so a second compile of the
 same shapes does not re-time.
@@ -40,6 +41,7 @@ class Choice:
     codegen_ms: float | None
     cached: bool = False
     reason: str = ""
+    codegen_by: str = "default"  # which codegen build codegen_ms is ("default" or "tuned")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -175,7 +177,9 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
     """Decide, per oneDNN group of `mod` (from onednn.partition), library or codegen.
 
     Args:
-        build_codegen: IRModule -> VM executable through the default schedules.
+        build_codegen: IRModule -> VM executable through the default schedules; or a dict of
+            such builders by name ("default", "tuned"), one for each way the kernel may ship
+            as codegen: the fastest is the codegen side.
         build_library: IRModule -> VM executable whose composites are lowered to packed calls.
         ext_id: the extension's identity (its build hash), part of the cache key.
         force: "library" or "codegen" to skip timing.
@@ -201,11 +205,14 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
         keep = set(groups) if force == "library" else set()
         return keep, choices
 
+    if callable(build_codegen):
+        build_codegen = {"default": build_codegen}
     cache = cache or TimingCache()
     target_text = str(target)
+    fields = ("library_ms", "codegen_ms", "codegen_by")
     timed, todo = {}, []
     for k in by_key:
-        hit = cache.get(_cache_key(k, target_text, ext_id))
+        hit = cache.get(_cache_key(k, target_text, ext_id), fields)
         if hit is not None:
             timed[k] = (*hit, True)
         else:
@@ -231,27 +238,29 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
             feeds[name] = random_inputs(func, rng)
         dev = tvm.cpu()
         with tempfile.TemporaryDirectory(prefix="tvmopt-dispatch-") as tmp:
-            vm_cg = relax.VirtualMachine(
-                _loaded_like_an_artifact(build_codegen(cg_mod), tmp, "codegen.so"), dev)
+            vm_cg = {by: relax.VirtualMachine(
+                _loaded_like_an_artifact(b(cg_mod), tmp, f"codegen-{by}.so"), dev)
+                for by, b in build_codegen.items()}
             vm_lib = relax.VirtualMachine(
                 _loaded_like_an_artifact(build_library(lib_mod), tmp, "library.so"), dev)
             for i, k in enumerate(todo):
                 name = f"tvmopt_kernel_{i}"
                 inputs = [tvm.runtime.tensor(a, dev) for a in feeds[name]]
                 lib_ms = time_call(vm_lib, name, inputs, dev)
-                cg_ms = time_call(vm_cg, name, inputs, dev)
-                timed[k] = (lib_ms, cg_ms, False)
+                cg_ms, cg_by = min((time_call(vm, name, inputs, dev), by)
+                                   for by, vm in vm_cg.items())
+                timed[k] = (lib_ms, cg_ms, cg_by, False)
                 cache.put(_cache_key(k, target_text, ext_id), k, library_ms=lib_ms,
-                          codegen_ms=cg_ms)
+                          codegen_ms=cg_ms, codegen_by=cg_by)
         cache.save()
     keep, choices = set(), []
     for k, gvs in by_key.items():
-        lib_ms, cg_ms, cached = timed[k]
+        lib_ms, cg_ms, cg_by, cached = timed[k]
         lib = lib_ms < MARGIN * cg_ms
         if lib:
             keep |= set(gvs)
         n_sites = sum(len(sites.get(gv, ())) for gv in gvs)
         choices.append(Choice(k, n_sites, "library" if lib else "codegen", round(lib_ms, 4),
                               round(cg_ms, 4), cached,
-                              "faster by timing" if lib else "codegen as fast or faster"))
+                              "faster by timing" if lib else "codegen as fast or faster", cg_by))
     return keep, choices

@@ -71,3 +71,43 @@ def test_compile_with_a_database_records_each_comparison(tmp_path):
     assert all(r["tuned_ms"] > 0 and r["default_ms"] > 0 for r in rows)
     for r in rows:  # (printed rounded: a tie reads equal)
         assert r["tuned_ms"] <= r["default_ms"] if r["kept"] else r["tuned_ms"] >= r["default_ms"]
+
+
+def test_dispatch_timing_takes_the_codegen_side_that_will_ship(tmp_path, monkeypatch):
+    """With a database, oneDNN is timed against the faster of the tuned record and the default
+    schedule, since compile drops a record the default schedule beats: a slow record must not
+    hand a kernel to the library."""
+    import pytest
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.model_file import import_model
+    from tvmopt.kernels import dispatch, onednn
+
+    try:
+        onednn.load_extension()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
+    hw = get_target("host")
+    target = hw.to_tvm()
+    model = tiny_mlp(tmp_path / "mlp.onnx", batch=64, features=256, hidden=256, classes=256)
+    fused, _, _ = tune.fused_module(model, SHAPES, hw)
+    timings = []
+    real = dispatch.time_call
+
+    def spy(*args):
+        timings.append(real(*args))
+        return timings[-1]
+
+    monkeypatch.setattr(dispatch, "time_call", spy)
+    cfg = pipeline.PipelineConfig(dispatch="auto", channels_last=False,
+                                  database=_naive_records(fused, target))
+    pipeline.optimize(import_model(model, SHAPES).mod, target, cfg, until="dispatch")
+    choices = cfg.dispatch_choices
+    assert len(choices) == 2 and len(timings) == 3 * len(choices)  # oneDNN, default, tuned
+    for i, c in enumerate(choices):
+        lib_ms, default_ms, tuned_ms = timings[3 * i: 3 * i + 3]
+        assert tuned_ms > default_ms, (tuned_ms, default_ms)  # the naive record is slow
+        assert c.codegen_by == "default" and c.codegen_ms == round(default_ms, 4)
+        assert c.library_ms == round(lib_ms, 4)
+        assert c.choice == ("library" if lib_ms < dispatch.MARGIN * default_ms else "codegen")
