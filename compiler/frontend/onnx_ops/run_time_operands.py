@@ -359,13 +359,38 @@ class Pad:
         base = tvm_converter("Pad", opset)
 
         def convert(bb, inputs, attr, params):
-            if opset < 11 or not any(is_run_time(v, params) for v in list(inputs)[1:4]):
-                return base(bb, inputs, attr, params)
             mode = attr.get("mode", b"constant")
             mode = mode.decode("ascii") if isinstance(mode, bytes) else mode
+            if opset < 11 or not any(is_run_time(v, params) for v in list(inputs)[1:4]):
+                op = cls._relax_pad(bb, inputs, attr, params, opset) if mode == "constant" \
+                    else None
+                return op if op is not None else base(bb, inputs, attr, params)
             return cls._run_time(bb, list(inputs) + [None] * (4 - len(inputs)), mode, params)
 
         return convert
+
+    @staticmethod
+    def _relax_pad(bb, inputs, attr, params, opset):
+        """A constant-mode float pad with static widths as relax's nn.pad, not TVM's call_tir of
+        topi: an op the passes can see, so a zero pad before a convolution folds into its
+        padding (passes/fold_pad.py) and layout conversion does not wrap it in transposes.
+        None where TVM's converter keeps the case (negative pads crop)."""
+        from tvm import relax
+        from tvm.relax.frontend.onnx import onnx_frontend
+
+        x = inputs[0]
+        if not str(x.ty.dtype).startswith(("float", "bfloat")):
+            return None
+        if opset < 11:
+            pads = [int(p) for p in attr.get("pads", ())]
+            before, after = pads[: len(pads) // 2], pads[len(pads) // 2:]
+            value = float(attr.get("value", 0.0))
+        else:
+            before, after, value = onnx_frontend.Pad._parse_pads_and_axes(inputs, params)
+        if len(before) != x.ty.ndim or min(before + after, default=0) < 0:
+            return None
+        width = [int(v) for pair in zip(before, after) for v in pair]
+        return bb.emit(relax.op.nn.pad(x, width, "constant", float(value)))
 
     @staticmethod
     def _run_time(bb, inputs, mode, params):
