@@ -75,8 +75,11 @@ class PipelineConfig:
 def _simplify(target, cfg):
     from tvm import relax
 
-    return [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(),
-            relax.transform.FoldConstant(), *cfg.extra_passes]
+    from .passes.fold_pad import FoldPadIntoConv
+
+    return [relax.transform.DecomposeOpsForInference(), FoldPadIntoConv,
+            relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant(),
+            *cfg.extra_passes]
 
 
 def _precision(target, cfg):
@@ -84,23 +87,20 @@ def _precision(target, cfg):
 
 
 def _fast_math(target, cfg):
+    import tvm
     from tvm import relax
 
-    # erf/exp otherwise legalize to scalar libm calls (erff, expf) that LLVM cannot vectorize:
-    # 8192 floats on one core here took erf 192 us vs fast_erf 2.5 us, exp 17 us vs fast_exp
-    # 2.6 us. TOPI's fast_* (also tanh, softmax) are vectorizable polynomials for float32/16
-    # (other dtypes keep the exact op), the kind onnxruntime's MLAS uses too.
-    import tvm
+    from .passes.fast_math import FastMath
 
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.FastMathStaticShapes")
     def fast_math_static(mod, ctx):
-        # FastMathTransform's call_te kernels broke FuseTIR on symbolic shapes ("Inconsistent
+        # The fast forms' call_te kernels broke FuseTIR on symbolic shapes ("Inconsistent
         # buffers ... mapped to the same relax var", exported GPT/BERT with dynamic batch/seq):
         # modules with symbolic dims keep the exact ops.
         if any(relax.analysis.defined_symbolic_vars(f) for f in mod.functions.values()
                if isinstance(f, relax.Function)):
             return mod
-        return relax.transform.FastMathTransform()(mod)
+        return FastMath(mod)
 
     return [fast_math_static]
 
