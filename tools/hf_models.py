@@ -30,10 +30,31 @@ def _resnet50():
     return ResNetModel(ResNetConfig()), "pooler_output"  # ResNet-50 (bottleneck, depths 3-4-6-3)
 
 
+def _calibrated(model):
+    """Batch norms of unit scale whose statistics are measured on random images, as training
+    leaves them: each norm's output near unit variance. With the library's init (scales and
+    weights std 0.02, running variance 1) activations shrink block by block to denormals and
+    exact zeros: an all-0 output verifies nothing, and denormal arithmetic is not what a
+    trained model times."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+            m.reset_running_stats()
+            m.momentum = None  # a plain average over the calibration batch
+    model.train()
+    with torch.no_grad():
+        model(torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(2)))
+    return model.eval()
+
+
 def _efficientnet_b0():
     from transformers import EfficientNetConfig, EfficientNetModel
 
-    return EfficientNetModel(EfficientNetConfig()), "pooler_output"  # B0: MBConv, SE, SiLU
+    # The library's default config is B7 (width 2.0, depth 3.1, 600 px): B0's coefficients.
+    cfg = EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224,
+                             hidden_dim=1280, dropout_rate=0.2)
+    return _calibrated(EfficientNetModel(cfg)), "pooler_output"  # MBConv, SE, SiLU
 
 
 def _convnext_tiny():
@@ -56,9 +77,17 @@ def _distilbert():
     return DistilBertModel(DistilBertConfig()), "last_hidden_state"  # 6 layers, hidden 768
 
 
+def _efficientnet_b7():
+    from transformers import EfficientNetConfig, EfficientNetModel
+
+    # B7 (width 2.0, depth 3.1), run at 224 px
+    return _calibrated(EfficientNetModel(EfficientNetConfig())), "pooler_output"
+
+
 MODELS = {
     "resnet50": (_resnet50, "image"),
     "efficientnet_b0": (_efficientnet_b0, "image"),
+    "efficientnet_b7": (_efficientnet_b7, "image"),
     "convnext_tiny": (_convnext_tiny, "image"),
     "vit_small": (_vit_small, "image"),
     "distilbert": (_distilbert, "text"),
