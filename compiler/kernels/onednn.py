@@ -40,7 +40,7 @@ _PREFIX = "tvmopt_onednn."
 _SOURCE = Path(__file__).with_name("onednn_ext.cc")  # shipped inside the package
 
 # Activation codes understood by onednn_ext.cc.
-ACT_NONE, ACT_RELU, ACT_CLIP, ACT_GELU_ERF, ACT_GELU_TANH = 0, 1, 2, 3, 4
+ACT_NONE, ACT_RELU, ACT_CLIP, ACT_GELU_ERF, ACT_GELU_TANH, ACT_SWISH = 0, 1, 2, 3, 4, 5
 # Conv layout modes: let oneDNN pick blocked activation layouts (reordered around each call),
 # or pin activations to NCHW.
 LAYOUT_AUTO, LAYOUT_PLAIN = 0, 1
@@ -182,19 +182,26 @@ def is_available() -> bool:
 # --------------------------------------------------------------------------------------------
 
 
+def _swish(x):
+    """x * sigmoid(x) (SiLU), either operand order: what exporters write for torch's SiLU."""
+    s = is_op("relax.sigmoid")(x)
+    return is_op("relax.multiply")(x, s) | is_op("relax.multiply")(s, x)
+
+
 def _act_patterns(x):
     return {
         "relu": is_op("relax.nn.relu")(x),
         "clip": is_op("relax.clip")(x, wildcard(), wildcard())
         | is_op("relax.minimum")(is_op("relax.maximum")(x, is_const()), is_const()),
+        "swish": _swish(x),
     }
 
 
 def _conv_patterns():
-    """conv2d [+bias] [+relu|clip] [+residual [+relu]], largest first."""
+    """conv2d [+bias] [+relu|clip|swish] [+residual [+relu]], largest first."""
     pats = []
     for res in (2, 1, 0):  # 2: residual then relu, 1: residual, 0: none
-        for act in ("relu", "clip", None):
+        for act in ("relu", "clip", "swish", None):
             for bias in (True, False):
                 conv = is_op("relax.nn.conv2d")(wildcard(), is_const())
                 ann = {"conv": conv}
@@ -222,7 +229,7 @@ def _conv_patterns():
 
 def _matmul_patterns():
     pats = []
-    for act in ("relu", "gelu", "gelu_tanh", None):
+    for act in ("relu", "gelu", "gelu_tanh", "swish", None):
         for bias in (True, False):
             mm = is_op("relax.matmul")(wildcard(), is_const())
             ann = {"matmul": mm}
@@ -232,7 +239,9 @@ def _matmul_patterns():
                 x = is_op("relax.add")(x, is_const())
                 ann["bias"] = x
                 name += "_bias"
-            if act:
+            if act == "swish":
+                x = _swish(x)
+            elif act:
                 x = is_op({"relu": "relax.nn.relu", "gelu": "relax.nn.gelu",
                            "gelu_tanh": "relax.nn.gelu_tanh"}[act])(x)
                 ann["act"] = x
@@ -441,6 +450,10 @@ class _Lower(relax.PyExprMutator):
             elif name == "relax.minimum":
                 act = ACT_CLIP
                 hi = _scalar(self._resolve(env, val.args[1]))
+            elif name in ("relax.sigmoid", "relax.multiply"):  # the two halves of x*sigmoid(x)
+                act = ACT_SWISH
+                if name == "relax.sigmoid":
+                    continue  # the chain goes on from the multiply
             else:
                 raise ValueError(f"unexpected op {name} in oneDNN conv composite")
             chain = var
@@ -468,9 +481,11 @@ class _Lower(relax.PyExprMutator):
             if name == "relax.add":
                 other = self._resolve(env, _other_operand(val, chain))
                 bias = relax.const(_const_array(other).reshape(-1).astype(np.float32), "float32")
+            elif name == "relax.sigmoid":
+                continue  # x*sigmoid(x): the multiply that follows sets the activation
             else:
                 act = {"relax.nn.relu": ACT_RELU, "relax.nn.gelu": ACT_GELU_ERF,
-                       "relax.nn.gelu_tanh": ACT_GELU_TANH}[name]
+                       "relax.nn.gelu_tanh": ACT_GELU_TANH, "relax.multiply": ACT_SWISH}[name]
             chain = var
         if bias is not None:
             args.append(bias)

@@ -47,7 +47,7 @@ using dnnl::memory;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 
-enum Act : int64_t { kNone = 0, kRelu = 1, kClip = 2, kGeluErf = 3, kGeluTanh = 4 };
+enum Act : int64_t { kNone = 0, kRelu = 1, kClip = 2, kGeluErf = 3, kGeluTanh = 4, kSwish = 5 };
 
 // Conv attrs layout.
 enum ConvAttr {
@@ -226,6 +226,7 @@ void AppendAct(dnnl::post_ops* po, int64_t act, float lo, float hi) {
     case kClip: po->append_eltwise(dnnl::algorithm::eltwise_clip, lo, hi); break;
     case kGeluErf: po->append_eltwise(dnnl::algorithm::eltwise_gelu_erf, 0.f, 0.f); break;
     case kGeluTanh: po->append_eltwise(dnnl::algorithm::eltwise_gelu_tanh, 0.f, 0.f); break;
+    case kSwish: po->append_eltwise(dnnl::algorithm::eltwise_swish, 1.f, 0.f); break;
     default: TVM_FFI_THROW(ValueError) << "unknown activation " << act;
   }
 }

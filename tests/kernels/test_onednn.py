@@ -68,6 +68,12 @@ def run_case(name, model, inputs, expect, layout=None, nhwc=False):
     for _ in range(2):  # the second run hits the cached primitive and reordered weight
         out = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
         np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL, err_msg=name)
+    return mod
+
+
+def sigmoids_left(mod) -> int:
+    """R.sigmoid calls outside the packed oneDNN calls (a fused SiLU leaves none)."""
+    return mod["main"].script(show_meta=False).count("R.sigmoid(")
 
 
 rng = np.random.default_rng(0)
@@ -95,6 +101,10 @@ def conv_case(name, cin=8, cout=16, hw=14, k=3, stride=1, pad=1, dil=1, group=1,
         inits["hi"] = np.array(6, np.float32)
         nodes.append(helper.make_node("Clip", [cur, "lo", "hi"], ["a"]))
         cur = "a"
+    elif act in ("silu", "silu_rev"):  # x * sigmoid(x), as torch exports SiLU, either order
+        nodes.append(helper.make_node("Sigmoid", [cur], ["s"]))
+        nodes.append(helper.make_node("Mul", [cur, "s"] if act == "silu" else ["s", cur], ["a"]))
+        cur = "a"
     inputs = {"x": rand(1, cin, hw, hw)}
     graph_inputs = [("x", [1, cin, hw, hw])]
     if residual:
@@ -110,7 +120,9 @@ def conv_case(name, cin=8, cout=16, hw=14, k=3, stride=1, pad=1, dil=1, group=1,
     model = make_model(nodes, graph_inputs, "y", inits)
     if nhwc and layout is None:
         layout = od.LAYOUT_AUTO
-    run_case(name, model, inputs, {od.CONV_FUNC: 1, od.MATMUL_FUNC: 0}, layout, nhwc)
+    mod = run_case(name, model, inputs, {od.CONV_FUNC: 1, od.MATMUL_FUNC: 0}, layout, nhwc)
+    if act in ("silu", "silu_rev"):
+        assert sigmoids_left(mod) == 0, f"{name}: SiLU left outside the oneDNN call"
 
 
 def conv_shared_intermediate():
@@ -122,6 +134,19 @@ def conv_shared_intermediate():
     model = make_model(nodes, [("x", [1, 4, 10, 10])], "y", inits)
     run_case("conv_shared_intermediate", model, {"x": rand(1, 4, 10, 10)},
              {od.CONV_FUNC: 1, od.MATMUL_FUNC: 0})
+
+
+def conv_times_sigmoid_of_another():
+    """conv * sigmoid(gate) (squeeze-excite's scaling) is not SiLU: the multiply stays out."""
+    inits = {"W": rand(8, 8, 1, 1), "B": rand(8)}
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"]),
+             helper.make_node("Sigmoid", ["g"], ["s"]),
+             helper.make_node("Mul", ["c", "s"], ["y"])]
+    model = make_model(nodes, [("x", [1, 8, 6, 6]), ("g", [1, 8, 6, 6])], "y", inits)
+    mod = run_case("conv_times_sigmoid_of_another", model,
+                   {"x": rand(1, 8, 6, 6), "g": rand(1, 8, 6, 6)},
+                   {od.CONV_FUNC: 1, od.MATMUL_FUNC: 0})
+    assert sigmoids_left(mod) == 1
 
 
 def gemm_case(name, m=4, k=64, n=32, trans_b=True, bias=True, relu=False):
@@ -156,9 +181,15 @@ def matmul_case(name, a_shape, b_shape, bias=False, act=None, opset=17):
         nodes.append(helper.make_node("Gelu", [cur], ["r"],
                                       approximate="tanh" if act == "gelu_tanh" else "none"))
         cur = "r"
+    elif act == "silu":
+        nodes.append(helper.make_node("Sigmoid", [cur], ["s"]))
+        nodes.append(helper.make_node("Mul", ["s", cur], ["r"]))
+        cur = "r"
     nodes.append(helper.make_node("Identity", [cur], ["y"]))
     model = make_model(nodes, [("x", list(a_shape))], "y", inits, opset=opset)
-    run_case(name, model, {"x": rand(*a_shape)}, {od.CONV_FUNC: 0, od.MATMUL_FUNC: 1})
+    mod = run_case(name, model, {"x": rand(*a_shape)}, {od.CONV_FUNC: 0, od.MATMUL_FUNC: 1})
+    if act == "silu":
+        assert sigmoids_left(mod) == 0, f"{name}: SiLU left outside the oneDNN call"
 
 
 CASES = [
@@ -175,6 +206,12 @@ CASES = [
     ("conv_nobias", lambda: conv_case("conv_nobias", bias=False)),
     ("conv_relu", lambda: conv_case("conv_relu", act="relu")),
     ("conv_relu6", lambda: conv_case("conv_relu6", act="relu6")),
+    ("conv_silu", lambda: conv_case("conv_silu", act="silu")),
+    ("conv_nhwc_depthwise_silu_reversed", lambda: conv_case(
+        "conv_nhwc_depthwise_silu_reversed", cin=16, cout=16, group=16, act="silu_rev",
+        nhwc=True)),
+    ("conv_silu_residual", lambda: conv_case("conv_silu_residual", act="silu", residual=True)),
+    ("conv_times_sigmoid_of_another", conv_times_sigmoid_of_another),
     ("conv_residual", lambda: conv_case("conv_residual", residual=True)),
     ("conv_residual_relu", lambda: conv_case("conv_residual_relu", residual=True,
                                              post_relu=True)),
@@ -212,6 +249,8 @@ CASES = [
                                         act="gelu", opset=20)),
     ("matmul_gelu_tanh", lambda: matmul_case("matmul_gelu_tanh", (4, 32), (32, 16), bias=True,
                                              act="gelu_tanh", opset=20)),
+    ("matmul_silu", lambda: matmul_case("matmul_silu", (4, 32), (32, 16), bias=True,
+                                        act="silu")),
 ]
 
 
