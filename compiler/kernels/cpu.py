@@ -292,7 +292,7 @@ class ContractionRule(ScheduleRule):
         except Exception:  # pylint: disable=broad-except
             return _fell_through()
 
-    def _apply(self, func, target):
+    def _apply(self, func, target, pad=True):
         params = self.params or CPUParams.from_target(target)
         sch = s_tir.Schedule(func)
         infos = normalize_prim_func(sch)
@@ -320,6 +320,13 @@ class ContractionRule(ScheduleRule):
         tile = self._choose_tile(sch, c, lanes, params)
         if tile is None:
             return None
+        padding = self._ragged_padding(c, tile, lanes) if pad else None
+        if padding is not None:
+            try:
+                sch.pad_einsum(c.block, padding)
+                return self._apply(sch.mod["main"], target, pad=False)
+            except Exception:  # pylint: disable=broad-except
+                return self._apply(func, target, pad=False)  # not an einsum (conv): as it is
 
         # Epilogue: chain of elementwise blocks -> inline all but the last into it.
         epilogue = None
@@ -438,6 +445,23 @@ class ContractionRule(ScheduleRule):
             return None
         _, nv, rt = best
         return vec, width, nv, row, rt
+
+    @staticmethod
+    def _ragged_padding(c, tile, lanes):
+        """Per block iter, the multiple to pad it to (pad_einsum), where the register tile
+        would otherwise shrink to a sliver: a vector axis that is no multiple of the vector
+        width (197 tokens: no divisor at all, so no vectors), or a row axis with no divisor
+        from 4 to 8 (197 rows: one row, each weight vector loaded for one FMA). The padded
+        rows and columns cost a few percent; None when nothing is ragged."""
+        vec, width, _, row, rt = tile
+        vec_ext = _const_int(vec.dom)
+        row_ext = _const_int(row.dom) if row is not None else None
+        pad_vec = vec_ext is not None and vec_ext > lanes and width * 2 < lanes
+        pad_row = row_ext is not None and row_ext > 8 and rt < 4
+        if not (pad_vec or pad_row):
+            return None
+        return [lanes if pad_vec and it is vec else 8 if pad_row and it is row else 1
+                for it in c.spatial + c.reduce]
 
     @staticmethod
     def _pack_weight(sch, c, tile):

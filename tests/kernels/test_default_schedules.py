@@ -164,9 +164,11 @@ CASES = {
     "dense_gelu": lambda: matmul_case(128, 256, 1024, epi="gelu"),
     "dense_relu_ragged": lambda: matmul_case(30, 50, 70, epi="relu"),
     "dense_m1": lambda: matmul_case(1, 512, 1000),
+    "dense_197_tokens": lambda: matmul_case(197, 384, 384, epi="gelu"),
     "dense_sym_batch_seq": lambda: matmul_case(0, 64, 96, epi="gelu", sym=True),
     "batch_matmul": lambda: batch_matmul_case(1, 4, 128, 64, 128),
     "batch_matmul_sym": lambda: batch_matmul_case(0, 4, 0, 32, 0, sym=True),
+    "batch_matmul_197_tokens": lambda: batch_matmul_case(1, 6, 197, 64, 197),
     "maxpool": lambda: pool_case("max", 32, 28),
     "avgpool": lambda: pool_case("avg", 16, 16),
     "global_avgpool": lambda: pool_case("global", 64, 7),
@@ -308,3 +310,18 @@ def test_an_epilogue_larger_than_its_contraction_is_not_unrolled_at_the_tile():
                 if isinstance(f, tvm.tirx.PrimFunc)
                 for n in re.findall(r"T\.unroll\(T\.int64\((\d+)\)\)", f.script())]
     assert unrolled and max(unrolled) <= 64
+
+
+def test_a_ragged_token_count_is_padded_to_whole_vectors_and_rows():
+    """197 tokens (ViT) has no divisor to tile by: attention scores ran one scalar FMA at a time.
+    The contraction is padded (200 rows: a multiple of the 8-row tile) and vectorized."""
+    import tvm
+
+    from tvmopt import pipeline
+
+    model = CASES["batch_matmul_197_tokens"]()
+    _, scheduled = _run(model, _inputs("batch_matmul_197_tokens", model),
+                        pipeline.PipelineConfig())
+    mms = [f.script() for gv, f in scheduled.functions_items()
+           if isinstance(f, tvm.tirx.PrimFunc) and "matmul" in gv.name_hint]
+    assert mms and all("T.int64(200)" in s and "T.vectorized" in s for s in mms)
