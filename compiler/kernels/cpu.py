@@ -265,6 +265,24 @@ class _Contraction:
         return uses_reduce and not uses_spatial
 
 
+def register_tile(nvec_total: int, rows_opts, num_vector_regs: int):
+    """(vectors, rows) of the register tile: the most accumulators that fit, squarer first.
+
+    Each of the rows x vectors accumulators holds a register, and so does each weight vector
+    of the tile and the broadcast input. Past that LLVM spills the accumulators to the stack
+    and reloads every one at each reduction step, which costs more than a smaller tile.
+    """
+    best = None
+    for nv in _divisors_leq(nvec_total, 4):
+        for rt in rows_opts:
+            if rt * nv + nv + 1 > num_vector_regs:
+                continue
+            key = (rt * nv, -(rt + nv))
+            if best is None or key > best[0]:
+                best = (key, nv, rt)
+    return None if best is None else best[1:]
+
+
 class ContractionRule(ScheduleRule):
     """Register-tiled schedule for a PrimFunc with one reduction block.
 
@@ -402,7 +420,6 @@ class ContractionRule(ScheduleRule):
             if r.region
         )
 
-        budget = params.num_vector_regs - 4
         if vec_ext % lanes == 0:
             nvec_total, width = vec_ext // lanes, lanes
         else:
@@ -425,25 +442,15 @@ class ContractionRule(ScheduleRule):
                 if readers and not readers & vec_readers:
                     row = it
                     break
-        best = None
-        for nv in _divisors_leq(nvec_total, 4):
-            if row is None:
-                rows_opts = [1]
-            else:
-                row_ext = _const_int(row.dom)
-                if row_ext is None:
-                    rows_opts = [4]
-                else:
-                    rows_opts = _divisors_leq(row_ext, 8)
-            for rt in rows_opts:
-                if rt * nv > budget:
-                    continue
-                key = (rt * nv, -(rt + nv))
-                if best is None or key > best[0]:
-                    best = (key, nv, rt)
-        if best is None:
+        if row is None:
+            rows_opts = [1]
+        else:
+            row_ext = _const_int(row.dom)
+            rows_opts = [4] if row_ext is None else _divisors_leq(row_ext, 8)
+        picked = register_tile(nvec_total, rows_opts, params.num_vector_regs)
+        if picked is None:
             return None
-        _, nv, rt = best
+        nv, rt = picked
         return vec, width, nv, row, rt
 
     @staticmethod
@@ -490,7 +497,10 @@ class ContractionRule(ScheduleRule):
             others = [it.var for it in c.spatial if not it.var.same_as(vec.var)]
             if any(_uses(i, v) for i in indices for v in others):
                 continue
-            if not all(any(_uses(i, v) for v in reduce_vars) for i in indices[:-1]):
+            # Every other index walks the reduction, or is a constant: a 1x1 conv's kernel
+            # position, whose unit iterators normalize_prim_func drops.
+            if not all(isinstance(i, tirx.IntImm) or any(_uses(i, v) for v in reduce_vars)
+                       for i in indices[:-1]):
                 continue
             n = _const_int(buf.shape[-1])
             if n is None or n % block_n != 0 or n == block_n:

@@ -325,3 +325,18 @@ def test_a_ragged_token_count_is_padded_to_whole_vectors_and_rows():
     mms = [f.script() for gv, f in scheduled.functions_items()
            if isinstance(f, tvm.tirx.PrimFunc) and "matmul" in gv.name_hint]
     assert mms and all("T.int64(200)" in s and "T.vectorized" in s for s in mms)
+
+
+@pytest.mark.parametrize("regs,nvec,rows,expect", [
+    (32, 4, [7, 1], (2, 7)),      # AVX-512, 64 channels, 7/14-wide rows: 7x4 would not fit
+    (32, 4, [8, 4, 2, 1], (4, 4)),
+    (16, 4, [7, 1], (1, 7)),      # AVX2
+    (16, 4, [8, 4, 2, 1], (4, 2)),
+    (32, 1, [1], (1, 1)),         # depthwise / pooling: no row axis
+])
+def test_register_tile_leaves_room_for_the_weights_and_the_broadcast(regs, nvec, rows, expect):
+    from tvmopt.kernels.cpu import register_tile
+
+    nv, rt = register_tile(nvec, rows, regs)
+    assert (nv, rt) == expect
+    assert rt * nv + nv + 1 <= regs  # accumulators + weight vectors + broadcast
