@@ -14,6 +14,7 @@ so this sits below the pipeline that calls it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -64,11 +65,23 @@ def _threads() -> str:
     return os.environ.get("TVM_NUM_THREADS", str(os.cpu_count()))
 
 
+@functools.lru_cache(maxsize=1)
+def codegen_id() -> str:
+    """A hash of the code that decides what the codegen side compiles to (the default
+    schedules, the pipeline, its passes): a timing measured before they changed is stale."""
+    pkg = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for f in sorted([*pkg.joinpath("kernels").glob("*.py"), pkg / "pipeline.py",
+                     *pkg.joinpath("passes").glob("*.py")]):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _cache_key(kernel: str, target_text: str, ext_id: str) -> str:
     import tvm
 
-    text = "\n".join([kernel, target_text, tvm.__version__, ext_id, _host_id(), _threads(),
-                      TIMING_METHOD])
+    text = "\n".join([kernel, target_text, tvm.__version__, ext_id, codegen_id(), _host_id(),
+                      _threads(), TIMING_METHOD])
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
