@@ -84,6 +84,27 @@ def _efficientnet_b7():
     return _calibrated(EfficientNetModel(EfficientNetConfig())), "pooler_output"
 
 
+def _swin_tiny():
+    from transformers import SwinConfig, SwinModel
+
+    return SwinModel(SwinConfig()), "pooler_output"  # Swin-T: shifted 7x7 windows, 49 tokens
+
+
+def _mobilevit_small():
+    from transformers import MobileViTConfig, MobileViTModel
+
+    # MobileViT-S: MobileNetV2 blocks, transformers over unfolded patches, SiLU
+    return _calibrated(MobileViTModel(MobileViTConfig())), "pooler_output"
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaModel
+
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=8, vocab_size=32000)
+    return LlamaModel(cfg), "last_hidden_state"  # RMSNorm, rotary, SiLU-gated MLP, causal
+
+
 MODELS = {
     "resnet50": (_resnet50, "image"),
     "efficientnet_b0": (_efficientnet_b0, "image"),
@@ -91,6 +112,9 @@ MODELS = {
     "convnext_tiny": (_convnext_tiny, "image"),
     "vit_small": (_vit_small, "image"),
     "distilbert": (_distilbert, "text"),
+    "swin_tiny": (_swin_tiny, "image"),
+    "mobilevit_small": (_mobilevit_small, "image"),
+    "llama": (_llama, "text"),
 }
 
 

@@ -383,12 +383,12 @@ class ContractionRule(ScheduleRule):
         self._vectorize_under(sch, init, outer, lanes)
 
         # Producers (padding, fused transposes) run as their own vectorized pass: one
-        # extra sweep over the input is cheap next to the contraction itself -- except
-        # without a row axis (depthwise conv, pooling), where the contraction is a sweep
-        # too and a padded copy doubles its memory traffic: there the padding is read in
-        # place, a bounds test per window step.
-        _, _, _, row, _ = tile
-        if row is None:
+        # extra sweep over the input is cheap next to the contraction itself -- except where
+        # every operand is indexed by the vector axis (depthwise conv, pooling): there the
+        # contraction is a sweep too and a padded copy doubles its memory traffic, so the
+        # padding is read in place, a bounds test per window step.
+        vec_readers = {r.source for r in c.readers_of(tile[0].var)}
+        if all(r.source in vec_readers for r in c.reads):
             producers = _inline_spatial_producers(sch, producers, keep=set())
         for info in producers:
             _parallel_vectorize(sch, info.block_rv, lanes)
@@ -429,7 +429,9 @@ class ContractionRule(ScheduleRule):
                 width = next((d for d in _divisors_leq(vec_ext, lanes) if d > 1), 1)
                 nvec_total = vec_ext // width
 
-        # Row axis: an output axis whose operands do not share the vector axis's operands.
+        # Row axis: an output axis that some operand of the vector axis does not depend on,
+        # so each vector of it is loaded once and reused across the rows: B across matmul
+        # rows, the weights across an NHWC conv's pixels (a depthwise conv's too).
         row = None
         if not strided:
             for it in reversed(c.spatial):
@@ -439,7 +441,7 @@ class ContractionRule(ScheduleRule):
                 if ext == 1:
                     continue
                 readers = {r.source for r in c.readers_of(it.var)}
-                if readers and not readers & vec_readers:
+                if readers and vec_readers - readers:
                     row = it
                     break
         if row is None:
