@@ -15,6 +15,7 @@ rules were not written against.
 Usage:
   python tools/bench_default.py [--models resnet18,bert4l,hf:resnet50] [--batches 1,8]
                                 [--threads 2] [--runs 20] [--out DIR] [--json results.json]
+  python tools/bench_default.py --markdown-from results.json   # the tables in docs/
 """
 
 from __future__ import annotations
@@ -46,7 +47,41 @@ def _args(argv):
                          "PyTorch do at run time ('x86' is the portable AVX2 build)")
     ap.add_argument("--out", default="tvmopt-out/bench-default", help="models and artifacts")
     ap.add_argument("--json", dest="json_path", default=None)
+    ap.add_argument("--markdown-from", default=None, metavar="JSON",
+                    help="print the Markdown tables of a results file written by --json, "
+                         "measuring nothing (what docs/performance.md shows)")
     return ap.parse_args(argv)
+
+
+def _geomean(ratios) -> float:
+    import numpy as np
+
+    return float(np.exp(np.log(np.asarray(ratios, dtype=float)).mean()))
+
+
+def markdown(results: dict) -> str:
+    """The rows of a --json results file as a Markdown table, then the geometric means."""
+    rows = results["rows"]
+    runners = list(rows[0]["ms"])
+    modes = [r[len("tvmopt-"):] for r in runners if r.startswith("tvmopt-")]
+    others = [r for r in runners if not r.startswith("tvmopt-") and r != "onnxruntime"]
+    head = (["model", "batch"] + [f"tvmopt {m} P50 (x ort)" for m in modes]
+            + ["onnxruntime P50"] + [f"{o} P50 (x ort)" for o in others]
+            + ["compile " + " / ".join(modes)])
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cell = {k: f"{v['p50']:.2f} ms ({v['ratio_to_ort']:.2f}x)" for k, v in r["ms"].items()}
+        out.append("| " + " | ".join(
+            [r["model"], str(r["batch"])] + [cell[f"tvmopt-{m}"] for m in modes]
+            + [f"{r['ms']['onnxruntime']['p50']:.2f} ms"] + [cell[o] for o in others]
+            + [" / ".join(f"{r['compile_s'][m]:.1f} s" for m in modes)]) + " |")
+    out += ["", "| rows | " + " | ".join(modes + others) + " |",
+            "|---|" + "---|" * (len(modes) + len(others))]
+    ratio = {k: [r["ms"][k]["ratio_to_ort"] for r in rows] for k in runners}
+    out.append(f"| {len(rows)} rows, geometric mean (worst) | " + " | ".join(
+        f"{_geomean(ratio[k]):.2f}x ({max(ratio[k]):.2f}x)"
+        for k in [f"tvmopt-{m}" for m in modes] + others) + " |")
+    return "\n".join(out)
 
 
 def _interleaved(runners: dict, runs: int, block: int) -> dict[str, list[float]]:
@@ -85,6 +120,9 @@ def _source(name: str):
 def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
     args = _args(argv)
+    if args.markdown_from:
+        print(markdown(json.loads(Path(args.markdown_from).read_text())))
+        return 0
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))  # before TVM loads
 
     import numpy as np
