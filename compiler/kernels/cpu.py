@@ -462,11 +462,12 @@ class ContractionRule(ScheduleRule):
         width (197 tokens: no divisor at all, so no vectors), or a row axis with no divisor
         from 4 to 8 (197 rows: one row, each weight vector loaded for one FMA). The padded
         rows and columns cost a few percent; None when nothing is ragged."""
-        vec, width, _, row, rt = tile
+        vec, width, _, row, _ = tile
         vec_ext = _const_int(vec.dom)
         row_ext = _const_int(row.dom) if row is not None else None
         pad_vec = vec_ext is not None and vec_ext > lanes and width * 2 < lanes
-        pad_row = row_ext is not None and row_ext > 8 and rt < 4
+        pad_row = row_ext is not None and row_ext > 8 and \
+            not any(row_ext % d == 0 for d in range(4, 9))
         if not (pad_vec or pad_row):
             return None
         return [lanes if pad_vec and it is vec else 8 if pad_row and it is row else 1

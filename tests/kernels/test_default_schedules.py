@@ -340,3 +340,24 @@ def test_register_tile_leaves_room_for_the_weights_and_the_broadcast(regs, nvec,
     nv, rt = register_tile(nvec, rows, regs)
     assert (nv, rt) == expect
     assert rt * nv + nv + 1 <= regs  # accumulators + weight vectors + broadcast
+
+
+@pytest.mark.parametrize("rows,padded", [(128, False), (196, False), (197, True), (22, True)])
+def test_only_rows_without_a_tile_divisor_are_padded(rows, padded):
+    """Padding costs a copy of each operand: rows with a divisor from 4 to 8 tile as they are,
+    on AVX2's 16 registers too, where the chosen tile may have fewer rows than that divisor."""
+    from tvm import te
+    from tvm.target import Target
+
+    from tvmopt.kernels.cpu import CPUParams, MatmulRule
+
+    a = te.placeholder((rows, 256), name="a")
+    b = te.placeholder((256, 512), name="b")
+    k = te.reduce_axis((0, 256), name="k")
+    c = te.compute((rows, 512), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    func = te.create_prim_func([a, b, c])
+    sch = MatmulRule(CPUParams(256, 16)).apply(func, Target({"kind": "llvm"}), False)
+    assert sch is not None
+    text = sch.mod["main"].script()
+    assert ("_pad" in text) == padded, text[:2000]
+    assert "T.vectorized" in text
