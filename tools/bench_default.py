@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     summary = {}
     for k in rows[0]["ms"]:
         ratios = np.array([r["ms"][k]["ratio_to_ort"] for r in rows])
-        summary[k] = {"geomean_ratio": round(float(np.exp(np.log(ratios).mean())), 3),
+        summary[k] = {"geomean_ratio": round(_geomean(ratios), 3),
                       "worst_ratio": round(float(ratios.max()), 3)}
         print(f"geomean ratio to onnxruntime, {k}: {summary[k]['geomean_ratio']:.2f}x "
               f"(worst {summary[k]['worst_ratio']:.2f}x)")

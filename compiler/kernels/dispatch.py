@@ -3,10 +3,11 @@
 Every conv2d / matmul chain oneDNN can take is timed both ways, each in isolation with its real
 weights: all candidates go into one module per side (two builds in all; three with a tuning
 database, whose records ship only where they beat the default schedules, so the codegen side is
-the faster of the two), and each is timed as an exported artifact runs it. The faster side wins; a library call must beat the codegen kernel by
-`MARGIN` to be chosen, since it also costs a dispatch and a dependency. Timings are cached per
-(workload, target, TVM and extension version, CPU model, threads), so a second compile of the
-same shapes does not re-time.
+the faster of the two), and each is timed as an exported artifact runs it. The faster side
+wins; a library call must beat the codegen kernel by `MARGIN` to be chosen, since it also costs
+a dispatch and a dependency. Timings are cached per (workload, target, TVM and extension
+version, codegen code, CPU model, threads), so a second compile of the same shapes does not
+re-time.
 
 The module is pure: `build` (module -> VM executable, the pipeline's codegen path) is passed in,
 so this sits below the pipeline that calls it.
@@ -190,9 +191,9 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
     """Decide, per oneDNN group of `mod` (from onednn.partition), library or codegen.
 
     Args:
-        build_codegen: IRModule -> VM executable through the default schedules; or a dict of
-            such builders by name ("default", "tuned"), one for each way the kernel may ship
-            as codegen: the fastest is the codegen side.
+        build_codegen: builders IRModule -> VM executable by name ("default": the default
+            schedules; "tuned": with the database's records), one for each way the kernel may
+            ship as codegen: the fastest is the codegen side.
         build_library: IRModule -> VM executable whose composites are lowered to packed calls.
         ext_id: the extension's identity (its build hash), part of the cache key.
         force: "library" or "codegen" to skip timing.
@@ -218,8 +219,6 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
         keep = set(groups) if force == "library" else set()
         return keep, choices
 
-    if callable(build_codegen):
-        build_codegen = {"default": build_codegen}
     cache = cache or TimingCache()
     target_text = str(target)
     fields = ("library_ms", "codegen_ms", "codegen_by")
