@@ -38,7 +38,7 @@ def compile_and_run(model, feeds: dict, folder, target: str | None = None) -> li
 
     import onnx
 
-    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.interface.compile import CompileOptions, compile_model
     from tvmopt.runtime.in_memory import host_target
     from tvmopt.runtime.loader import load
 

@@ -61,7 +61,7 @@ def _feeds(name: str) -> dict:
 
 
 def _compile(model: Path, name: str, out: Path, db: Path | None):
-    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.interface.compile import CompileOptions, compile_model
 
     opts = CompileOptions(model=str(model), target=TARGET, output=str(out),
                           shapes={k: v for k, v in SHAPES[name].items()},
@@ -171,7 +171,7 @@ def efficiency(name: str, model: Path, full_db: Path, runs: int, workdir: Path,
         (part / RECORD_FILE).write_text("\n".join(records[:n]) + "\n")
         if (full_db / MANIFEST_FILE).exists():
             (part / MANIFEST_FILE).write_text((full_db / MANIFEST_FILE).read_text())
-        from tvmopt.build.compile import CompileOptions, compile_model
+        from tvmopt.interface.compile import CompileOptions, compile_model
 
         res = compile_model(CompileOptions(model=str(model), target=TARGET,
                                            output=str(workdir / f"eff-{pct}.tvmopt"),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate the bundled models into compiler/models/ (deterministic: fixed seeds, fixed opset).
+"""Generate the bundled models into compiler/tvmopt/models/ (deterministic: fixed seeds, fixed opset).
 
     python tools/make_models.py            # all
     python tools/make_models.py mobile_cnn # one
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-OUT = Path(__file__).resolve().parent.parent / "compiler" / "models"
+OUT = Path(__file__).resolve().parent.parent / "compiler" / "tvmopt" / "models"
 OPSET = 17
 
 

@@ -282,7 +282,7 @@ def run_tvmopt(case: Case, target: str) -> tuple[str | None, str]:
     an artifact folder, then `runtime.load` and `LoadedModel.run` on the case's inputs."""
     import tempfile
 
-    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.interface.compile import CompileOptions, compile_model
     from tvmopt.errors import TvmoptError
     from tvmopt.runtime.loader import load
 

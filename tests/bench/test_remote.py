@@ -23,7 +23,7 @@ def farm():
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
-    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.interface.compile import CompileOptions, compile_model
 
     tmp = tmp_path_factory.mktemp("remote")
     model = tiny_mlp(tmp / "mlp.onnx")

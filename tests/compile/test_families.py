@@ -44,7 +44,7 @@ def test_family_compiles_and_matches_onnxruntime(family, save, cli, tmp_path):
 
 def test_symbolic_batch_runs_any_batch(save, tmp_path):
     """An artifact built with a symbolic batch keeps it: one build runs batch 1, 5 and 16."""
-    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.interface.compile import CompileOptions, compile_model
     from tvmopt.runtime.loader import load, random_inputs
 
     path = save(FAMILIES["depthwise_cnn"](), "dw")
@@ -77,7 +77,7 @@ def test_manifest_records_provenance(save, tmp_path):
     import tvm
 
     from tvmopt import __version__
-    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.interface.compile import CompileOptions, compile_model
     from tvmopt.frontend.onnx_model import sha256_file
 
     path = save(FAMILIES["mlp"](), "mlp")

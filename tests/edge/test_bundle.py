@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 from tests.models import cnn, encoder_block, tiny_mlp
-from tvmopt.build.compile import CompileOptions
+from tvmopt.interface.compile import CompileOptions
 from tvmopt.edge import bundle as edge_bundle
 from tvmopt.edge import runtime as edge_runtime
 from tvmopt.edge.toolchain import missing_for_emulation, run_prefix

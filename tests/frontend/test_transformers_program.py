@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from tvmopt.build.compile import CompileOptions, compile_model  # noqa: E402
+from tvmopt.interface.compile import CompileOptions, compile_model  # noqa: E402
 from tvmopt.frontend import torch_program  # noqa: E402
 from tvmopt.runtime.loader import load  # noqa: E402
 

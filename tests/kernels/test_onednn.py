@@ -282,7 +282,7 @@ def _small_cnn(path):
 
 
 def test_auto_times_each_workload_once_then_reads_the_cache(tmp_path, monkeypatch):
-    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.interface.compile import CompileOptions, compile_model
     from tvmopt.kernels import dispatch
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))  # extension already loaded
@@ -309,7 +309,7 @@ def test_auto_times_each_workload_once_then_reads_the_cache(tmp_path, monkeypatc
 
 
 def test_library_artifact_runs_in_a_fresh_process(tmp_path):
-    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.interface.compile import CompileOptions, compile_model
 
     model = _small_cnn(tmp_path / "cnn.onnx")
     res = compile_model(CompileOptions(model=model, output=str(tmp_path / "a"),
@@ -329,7 +329,7 @@ def test_library_artifact_runs_in_a_fresh_process(tmp_path):
 
 def test_unloadable_library_falls_back_to_default_schedules_and_says_so(tmp_path,
                                                                         monkeypatch):
-    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.interface.compile import CompileOptions, compile_model
 
     def broken(*a, **k):
         raise RuntimeError("no C++ compiler found")
@@ -351,7 +351,7 @@ def test_library_artifact_runs_its_tvm_kernels_on_the_openmp_team(tmp_path):
     import tvm_ffi
 
     import tvmopt
-    from tvmopt.build.compile import CompileOptions, compile_model
+    from tvmopt.interface.compile import CompileOptions, compile_model
 
     model = _small_cnn(tmp_path / "cnn.onnx")
     res = compile_model(CompileOptions(model=model, output=str(tmp_path / "a"),
@@ -372,7 +372,7 @@ def test_library_artifact_runs_its_tvm_kernels_on_the_openmp_team(tmp_path):
 def test_plan_shows_each_dispatch_choice_with_its_timings(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from tvmopt.build.plan import plan_model
+    from tvmopt.interface.plan_model import plan_model
     from tvmopt.cli.main import main
     from tvmopt.kernels import dispatch
     from tvmopt.targets.registry import get_target

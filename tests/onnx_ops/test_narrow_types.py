@@ -18,7 +18,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from tvmopt.build.compile import CompileOptions, compile_model
+from tvmopt.interface.compile import CompileOptions, compile_model
 from tvmopt.errors import ImportFailure, ShapeError
 from tvmopt.frontend.narrow_types import float_to_int, float_to_int_unspecified
 from tvmopt.runtime.loader import load

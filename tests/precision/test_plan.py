@@ -9,9 +9,9 @@ from click.testing import CliRunner
 
 from tests.models import mlp_file, qdq_mlp, quantized_mlp
 from tvmopt.cli.main import main
-from tvmopt.build.compile import CompileOptions, compile_model
+from tvmopt.interface.compile import CompileOptions, compile_model
 from tvmopt.errors import VerificationError
-from tvmopt.build.plan import plan_model
+from tvmopt.interface.plan_model import plan_model
 from tvmopt.targets.registry import get_target
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.models import mlp_file
-from tvmopt.build.compile import CompileOptions, compile_model
+from tvmopt.interface.compile import CompileOptions, compile_model
 from tvmopt.targets.cuda import ptx_of
 from tvmopt.errors import TargetError
 from tvmopt.runtime.loader import load

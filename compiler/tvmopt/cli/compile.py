@@ -33,7 +33,7 @@ def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, 
             require_db, dispatch, allow_newer_opset, bundle):
     """Compile MODEL (.onnx, or a torch.export.save'd .pt2) into a deployable artifact folder
     (or, with --bundle, a tarball for a board)."""
-    from ..build.compile import CompileOptions, compile_model
+    from ..interface.compile import CompileOptions, compile_model
     from ..report import print_compile_result
     from ..runtime.verify import Tolerance
 

@@ -253,7 +253,7 @@ def compile_bundle(opts, out: str | Path | None = None, log=print):
     Raises:
         TvmoptError: any compile failure; BuildError for a missing toolchain, before compiling.
     """
-    from ..build.compile import compile_model
+    from ..interface.compile import compile_model
 
     out = Path(out or default_output(opts.model))
     _top_name(out)

@@ -1,6 +1,6 @@
 """The roofline model: is a kernel limited by arithmetic or by memory traffic, and how long it takes.
 
-Pure arithmetic (no TVM): `tvmopt.precision.plan` measures FLOPs and bytes of each fused kernel and asks
+Pure arithmetic (no TVM): `tvmopt.precision.kernel_plan` measures FLOPs and bytes of each fused kernel and asks
 this module for the verdict on a target. The model (Williams, Waterman, Patterson, "Roofline: an
 insightful visual performance model for multicore architectures", CACM 52(4), 2009):
 

@@ -145,7 +145,7 @@ def _variants(opts: CompareOptions, out: Path, log) -> list[_Model]:
 # ------------------------------------------------------------------------------ runners
 def _tvm_runner(m: _Model, opts: CompareOptions, out: Path, log):
     from ..bench.runner import ArtifactRunner, InputFactory
-    from ..build.compile import CompileOptions, compile_model
+    from ..interface.compile import CompileOptions, compile_model
     from ..runtime.loader import load
 
     precision = opts.compile_precision.get(m.key.split("_")[0]) or "auto"

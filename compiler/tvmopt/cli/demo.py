@@ -19,7 +19,7 @@ def demo(target, output, runs):
     # The latency table runs onnxruntime with threads = cores; give TVM's pool the same (its
     # default is half the logical cores), before compiling starts the pool.
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
-    from ..build.compile import CompileOptions, compile_model
+    from ..interface.compile import CompileOptions, compile_model
     from ..bench.quick import latency_summary
     from ..report import print_compile_result, print_latency_summary
 

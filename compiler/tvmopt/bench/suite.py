@@ -123,7 +123,7 @@ class BenchOptions:
 
 # ------------------------------------------------------------------------------------ artifacts
 def _compile(model: str, opts: BenchOptions, out: Path, shapes: list[str], log) -> str:
-    from ..build.compile import CompileOptions, compile_model
+    from ..interface.compile import CompileOptions, compile_model
 
     log(f"compiling {model} for {opts.target} -> {out}")
     res = compile_model(CompileOptions(model=model, target=opts.target, output=str(out),

@@ -108,7 +108,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     from .. import pipeline
     from ..frontend import model_file
     from ..passes.schedule_guard import take_fallbacks
-    from ..precision.plan import make_plan
+    from ..precision.kernel_plan import make_plan
     from ..precision.rewrites import passes_for
     from ..runtime.artifact import write_artifact
     from .accuracy import accuracy_report

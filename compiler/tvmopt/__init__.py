@@ -14,8 +14,8 @@ The Python API (the `tvmopt` command is a thin layer over it)::
 
 Names:
     compile_model, CompileOptions, CompileResult: ONNX file -> artifact folder
-        (`tvmopt.build.compile`).
-    plan_model: the per-kernel roofline plan and precision decisions (`tvmopt.build.plan`).
+        (`tvmopt.interface.compile`).
+    plan_model: the per-kernel roofline plan and precision decisions (`tvmopt.interface.plan_model`).
     tune, TuneOptions: MetaSchedule tuning into a database folder (`tvmopt.tuning.tune`).
     run_compare, CompareOptions: why model B is slower or faster than A, in named causes, with
         measured recommendations (`tvmopt.compare.run`).
@@ -33,10 +33,10 @@ import importlib
 __version__ = "0.1.0"
 
 _API = {
-    "compile_model": "tvmopt.build.compile",
-    "CompileOptions": "tvmopt.build.compile",
-    "CompileResult": "tvmopt.build.compile",
-    "plan_model": "tvmopt.build.plan",
+    "compile_model": "tvmopt.interface.compile",
+    "CompileOptions": "tvmopt.interface.compile",
+    "CompileResult": "tvmopt.interface.compile",
+    "plan_model": "tvmopt.interface.plan_model",
     "tune": "tvmopt.tuning.tune",
     "TuneOptions": "tvmopt.tuning.tune",
     "run_compare": "tvmopt.compare.run",

@@ -20,8 +20,8 @@ from . import options
 @options.wide()
 def plan(model, target, precision, shapes, dims, dispatch, as_json):
     """Per fused kernel: ops, FLOPs, bytes, intensity, bound, precision and predicted time."""
-    from ..build.compile import CompileOptions
-    from ..build.plan import plan_model
+    from ..interface.compile import CompileOptions
+    from ..interface.plan_model import plan_model
     from ..pipeline import DEFAULT_DISPATCH
     from ..report import print_plan
     from ..targets.registry import get_target

@@ -38,7 +38,7 @@ def plan_model(model, hw: HardwareTarget, precision: str = "auto",
     on this host, cached), and records each choice with its timings.
 
     Returns:
-        The `precision.plan.Plan`.
+        The `precision.kernel_plan.Plan`.
 
     Raises:
         TargetError: unknown precision, or the target lacks the figures a roofline needs.
@@ -47,7 +47,7 @@ def plan_model(model, hw: HardwareTarget, precision: str = "auto",
     from ..frontend import model_file
     from ..frontend.importer import import_onnx
     from ..frontend.onnx_model import resolve_input_shapes
-    from ..precision.plan import make_plan
+    from ..precision.kernel_plan import make_plan
     from ..precision.policy import parse
 
     parse(precision)
