@@ -278,6 +278,15 @@ def host_cpu_features() -> set[str]:
     return flags | {alias[f] for f in flags if f in alias}
 
 
+# Linux /proc/cpuinfo flag -> LLVM target feature, for the units that set which precisions
+# run fast: bf16/int8 matrix (AMX) and dot-product (AVX512-BF16, VNNI) instructions and fp16.
+MATRIX_FEATURES = {
+    "amx_tile": "amx-tile", "amx_bf16": "amx-bf16", "amx_int8": "amx-int8",
+    "avx512_bf16": "avx512bf16", "avx512_fp16": "avx512fp16", "avx512_vnni": "avx512vnni",
+    "avx_vnni": "avxvnni",
+}
+
+
 def detect_host() -> HardwareTarget:
     """Describe this machine as a target: the closest database entry, tuned to this CPU."""
     import tvm  # noqa: F401  (LLVM's host CPU name comes from TVM's LLVM)
@@ -294,7 +303,13 @@ def detect_host() -> HardwareTarget:
         arch, codegen.llvm_get_system_triple())
     tvm_dict = {"kind": "llvm", "mtriple": triple, "mcpu": codegen.llvm_get_system_cpu(),
                 "num-cores": os.cpu_count() or 1}
-    wanted = base.features if base else ()
+    # LLVM names the CPU from its model number, which a virtual machine may report for an older
+    # part (a Sapphire Rapids guest reads as "rocketlake", without AMX or BF16): the feature
+    # flags the kernel reports are what this CPU can run, so they are passed on as -mattr.
+    matrix = sorted(f for f in MATRIX_FEATURES if f in feats)
+    if matrix and arch == "x86_64":
+        tvm_dict["mattr"] = [f"+{MATRIX_FEATURES[f]}" for f in matrix]
+    wanted = tuple(dict.fromkeys([*(base.features if base else ()), *matrix]))
     compute = dict(base.compute) if base else {}
     # The base entry's peaks are per core; this machine's core count replaces the reference's.
     compute["cores"] = Sourced(float(tvm_dict["num-cores"]), "detected: os.cpu_count()", "cores")
