@@ -3,7 +3,8 @@
 import pytest
 
 from tvmopt.precision.roofline import Roof, evaluate, intensity, matmul_cost
-from tvmopt.precision.costs import KernelPlan, int8_weight_wins, kernel_cost
+from tvmopt.precision.costs import KernelPlan
+from tvmopt.precision.schemes import int8_weight_wins, kernel_cost
 from tvmopt.precision.policy import decide
 from tvmopt.targets.registry import get_target
 

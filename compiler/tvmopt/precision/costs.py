@@ -1,4 +1,7 @@
-"""What one fused kernel costs at each precision, under a target's roofline."""
+"""One fused kernel's figures (FLOPs, bytes, what kind of op it is) and the target's roofs.
+
+What a kernel costs at a given precision is each precision scheme's own model
+(`precision.schemes`, `kernel_cost` / `kernel_verdict`).""" 
 
 from __future__ import annotations
 
@@ -41,10 +44,6 @@ class KernelPlan:
     unknown: list[str] = field(default_factory=list)
 
     @property
-    def estimated(self) -> bool:
-        return not self.unknown
-
-    @property
     def is_matrix(self) -> bool:
         return any(op.startswith(m) for op in self.ops for m in _MATRIX_OPS)
 
@@ -65,35 +64,3 @@ def roof_for(hw: HardwareTarget, dtype: str) -> Roof | None:
     if peak is None or bw is None:
         return None
     return Roof(peak, bw)
-
-
-def kernel_cost(k: KernelPlan, precision: str, device: str = "cpu") -> tuple[float, float, str]:
-    """(flops, bytes, dtype whose peak applies) of kernel `k` run at `precision` on `device`."""
-    if precision in ("fp16", "bf16"):
-        nbytes = k.bytes - k.float_bytes / 2
-        fast = k.is_tensor_core_matmul if device == "cuda" else k.is_matrix
-        return k.flops, nbytes, precision if fast else "fp32"
-    if precision == "int8_weight" and k.int8_weight_ok:
-        # int8 weights plus one fp32 scale per output column (~1/K of the weight: ignored)
-        nbytes = k.bytes - k.weight_bytes * 3 / 4
-        return k.flops * INT8_WEIGHT_FLOP_FACTOR, nbytes, "fp32"
-    if precision == "int8" and k.integer_matmul:
-        return k.flops, k.bytes, "int8"
-    return k.flops, k.bytes, "fp32"
-
-
-def kernel_verdict(hw: HardwareTarget, k: KernelPlan, precision: str) -> Verdict:
-    flops, nbytes, dtype = kernel_cost(k, precision, hw.device)
-    roof = roof_for(hw, dtype) or roof_for(hw, "fp32")
-    if roof is None:
-        raise TargetError(f"target '{hw.name}' lists no fp32 peak or memory bandwidth; "
-                          "the plan needs both (see tvmopt targets show)")
-    return evaluate(flops, nbytes, roof)
-
-
-def int8_weight_wins(hw: HardwareTarget, m: int, k: int, n: int) -> bool:
-    """The weight-only int8 rule for one matmul [m,k]x[k,n] (also used by the rewrite pass)."""
-    kp = KernelPlan("matmul", ["matmul"], 2.0 * m * k * n, 4.0 * (m * k + k * n + m * n),
-                    4.0 * k * n, 4.0 * (m * k + k * n + m * n), False, True)
-    fp32 = kernel_verdict(hw, kp, "fp32")
-    return fp32.bound == "memory" and kernel_verdict(hw, kp, "int8_weight").time_s < fp32.time_s

@@ -7,7 +7,7 @@ and compulsory bytes (its buffers), then places it under the target's roofline
 `precision.policy`; the planner never runs pipeline phases itself.
 
 `compile` plans the same fused module it builds, turns the plan into passes
-(`precision.rewrites.passes_for`) and stores `Plan.to_json()` in the manifest.
+(`precision.schemes.passes_for`) and stores `Plan.to_json()` in the manifest.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass, field
 
 from ..passes.fusion_record import call_tir_calls, fused_ops, kernels_before_fusion
 from ..targets.registry import HardwareTarget
-from .costs import KernelPlan, kernel_verdict, roof_for
-from .policy import Decision, decide, parse
+from .costs import KernelPlan, roof_for
+from .policy import decide, parse
+from .schemes import Decision, kernel_verdict
 
 @dataclass
 class Plan:
@@ -45,9 +46,6 @@ class Plan:
     def unestimated(self) -> list[str]:
         """Kernels whose sizes are known only at run time (their figures count those sizes as 1)."""
         return [k.name for k in self.kernels if k.unknown]
-
-    def int8_weight_kernels(self) -> list[str]:
-        return [k.name for k in self.kernels if k.precision == "int8_weight"]
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -173,7 +171,7 @@ def _symbolic_dims(mod) -> list[str]:
 
 
 def make_plan(fused_mod, hw: HardwareTarget, precision: str = "auto",
-              dims: dict[str, int] | None = None) -> Plan:
+              dims: dict[str, int] | None = None, library: list | None = None) -> Plan:
     """Plan the compilation of a fused module for `hw`.
 
     Args:
@@ -182,6 +180,8 @@ def make_plan(fused_mod, hw: HardwareTarget, precision: str = "auto",
         hw: the target.
         precision: "auto" or a scheme from `precision.policy.SCHEMES`.
         dims: values for symbolic dimensions (default 1 each).
+        library: the build's per-kernel library dispatch choices (kernels.dispatch.Choice);
+            the precisions that run inside library kernels (bf16 on CPU) are decided there.
 
     Returns:
         The plan, with every kernel's verdict and every precision decision.
@@ -197,7 +197,7 @@ def make_plan(fused_mod, hw: HardwareTarget, precision: str = "auto",
     for k in kernels:
         v = kernel_verdict(hw, k, "fp32")
         k.intensity, k.bound, k.fp32_time_us = v.intensity, v.bound, v.time_s * 1e6
-    model_prec, decisions = decide(hw, kernels, precision)
+    model_prec, decisions = decide(hw, kernels, precision, library)
     total = 0.0
     for k in kernels:
         v = kernel_verdict(hw, k, k.precision)

@@ -2,7 +2,7 @@
 
 - fp16: `relax.transform.ToMixedPrecision(out_dtype="float32")` (fp16 inputs, fp32 accumulation).
 - int8_weight: each fp32 matmul with a constant 2-D weight that the plan's rule picks
-  (`plan.int8_weight_wins`, memory-bound and predicted faster) becomes one TE kernel reading int8
+  (`schemes.int8_weight_wins`, memory-bound and predicted faster) becomes one TE kernel reading int8
   weights and one fp32 scale per output column; the dequantization happens inside the matmul loop
   (weights quantized offline, symmetric per column).
 - int8 refused on a pre-quantized model: integer matmuls (int32 x int32 -> int32, what TVM's
@@ -60,13 +60,11 @@ def _rewrite_calls(mod, ops: tuple[str, ...], rewrite):
     return rw.builder_.get()
 
 
-def int8_weight_pass(hw: HardwareTarget, force: bool = False):
-    """Weight-only int8 for the matmuls the roofline rule picks on `hw` (every one when `force`:
-    an explicit --precision int8)."""
+def int8_weight_pass(hw: HardwareTarget, force: bool = False, wins=None):
+    """Weight-only int8 for the matmuls the roofline rule `wins(m, k, n)` picks on `hw` (every
+    one when `force`: an explicit --precision int8)."""
     import tvm
     from tvm import relax
-
-    from .costs import int8_weight_wins
 
     def rewrite(builder, call):
         x, w = call.args
@@ -82,7 +80,7 @@ def int8_weight_pass(hw: HardwareTarget, force: bool = False):
         m = int(dims[0].value) if hasattr(dims[0], "value") else 1
         k = int(dims[1].value)
         n = int(w.value.shape[1])
-        if not force and not int8_weight_wins(hw, m, k, n):
+        if not force and not (wins and wins(m, k, n)):
             return None
         q, scale = quantize_weight(w.value.numpy())
         q_t = np.ascontiguousarray(q.T)
@@ -149,15 +147,3 @@ def fp16_pass():
             return _matrix_ops_fp16(mod)
 
     return transform
-
-
-def passes_for(plan, hw: HardwareTarget) -> list:
-    """The Relax passes that realise `plan.precision` (run in the pipeline's precision phase)."""
-    passes = []
-    if plan.precision == "fp16":
-        passes.append(fp16_pass())
-    if plan.precision == "int8_weight":
-        passes.append(int8_weight_pass(hw, force=plan.requested == "int8"))
-    if any(k.integer_matmul and k.precision != "int8" for k in plan.kernels):
-        passes.append(integer_matmul_to_fp32_pass())
-    return passes
