@@ -59,6 +59,12 @@ class PipelineConfig:
     # the per-kernel library/codegen decisions with their timings.
     notes: list = field(default_factory=list)
     dispatch_choices: list = field(default_factory=list)
+    # Compute precisions a library kernel may run in, each timed ("bf16" where the precision
+    # scheme allows it on the target); workloads the accuracy gate keeps in fp32; and whether
+    # cached kernel timings are ignored and measured again (`compile --retime`).
+    library_compute: tuple = ("fp32",)
+    fp32_only: frozenset = frozenset()
+    retime: bool = False
 
     def __post_init__(self):
         if self.exec_mode not in EXEC_MODES:
@@ -143,8 +149,6 @@ def _dispatch_library(target, cfg):
                 cfg.notes.append(note)
             return mod
         part = onednn.partition(mod)
-        # The kernels' own small builds are not phases of this compile: keep them out of the
-        # phase-run record.
         # The two sides of each timing, built the way the final module may be. With a
         # database, a tuned kernel ships only where it beats the default schedule
         # (tuning.prefer), so the codegen side is timed both ways and the faster counts.
@@ -154,13 +158,24 @@ def _dispatch_library(target, cfg):
             tuned = PipelineConfig(dispatch="codegen", channels_last=False,
                                    database=cfg.database, weight_prepack=cfg.weight_prepack)
             codegen["tuned"] = lambda m: build(m, target, tuned)
-        with _unrecorded():
-            keep, cfg.dispatch_choices = choose.choose(
+        # The kernels' own small builds are not phases of this compile: keep them out of the
+        # phase-run record.
+        with unrecorded():
+            keep, compute, cfg.dispatch_choices = choose.choose(
                 part, target, build_codegen=codegen,
-                build_library=lambda m: build(onednn.lower(m), target, plain),
+                build_library=lambda m, c: build(onednn.lower(m, compute=c), target, plain),
                 ext_id=":".join(filter(None, [onednn.extension_id(), cfg.database_id])),
-                force="library" if cfg.dispatch == "library" else None)
-        return onednn.lower(part, keep)
+                force="library" if cfg.dispatch == "library" else None,
+                cache=choose.TimingCache(read=not cfg.retime),
+                compute=tuple(cfg.library_compute), fp32_only=cfg.fp32_only)
+        untrusted = [c for c in cfg.dispatch_choices if not c.trusted]
+        if untrusted:
+            note = (f"{len(untrusted)} kernel timing(s) taken on a busy or noisy machine were "
+                    f"not cached ({untrusted[0].note.removeprefix('not cached: ')}); the next "
+                    "compile times them again")
+            if note not in cfg.notes:
+                cfg.notes.append(note)
+        return onednn.lower(part, keep, compute=compute)
 
     return [dispatch]
 
@@ -306,7 +321,8 @@ def record_phases():
 
 
 @contextlib.contextmanager
-def _unrecorded():
+def unrecorded():
+    """Phases run inside the block (the compile-time timing builds) are not recorded."""
     saved = list(_listeners)
     _listeners.clear()
     try:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 
 def test_a_change_to_the_codegen_side_invalidates_cached_timings(monkeypatch):
-    from tvmopt.kernels import dispatch
+    from tvmopt.kernels import timing
 
-    before = dispatch._cache_key("workload", "target", "ext")
-    assert dispatch._cache_key("workload", "target", "ext") == before  # stable within a version
-    monkeypatch.setattr(dispatch, "codegen_id", lambda: "edited-default-schedules")
-    assert dispatch._cache_key("workload", "target", "ext") != before
+    before = timing.cache_key("workload", "target", "ext")
+    assert timing.cache_key("workload", "target", "ext") == before  # stable within a version
+    monkeypatch.setattr(timing, "codegen_id", lambda: "edited-default-schedules")
+    assert timing.cache_key("workload", "target", "ext") != before

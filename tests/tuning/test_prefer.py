@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from tests.models import tiny_mlp
 
 from tvmopt.cli.main import main
-from tvmopt.kernels.dispatch import TimingCache
+from tvmopt.kernels.timing import TimingCache
 from tvmopt.targets.registry import get_target
 from tvmopt.tuning import prefer, replay, tune
 from tvmopt.tuning.tasks import extract_tasks
@@ -93,13 +93,14 @@ def test_dispatch_timing_takes_the_codegen_side_that_will_ship(tmp_path, monkeyp
     model = tiny_mlp(tmp_path / "mlp.onnx", batch=64, features=256, hidden=256, classes=256)
     fused, _, _ = tune.fused_module(model, SHAPES, hw)
     timings = []
-    real = dispatch.time_call
+    real = dispatch.measure_call
 
     def spy(*args):
-        timings.append(real(*args))
-        return timings[-1]
+        m = real(*args)
+        timings.append(m.ms)
+        return m
 
-    monkeypatch.setattr(dispatch, "time_call", spy)
+    monkeypatch.setattr(dispatch, "measure_call", spy)
     cfg = pipeline.PipelineConfig(dispatch="auto", channels_last=False,
                                   database=_naive_records(fused, target))
     pipeline.optimize(import_model(model, SHAPES).mod, target, cfg, until="dispatch")

@@ -3,11 +3,12 @@
 Every conv2d / matmul chain oneDNN can take is timed both ways, each in isolation with its real
 weights: all candidates go into one module per side (two builds in all; three with a tuning
 database, whose records ship only where they beat the default schedules, so the codegen side is
-the faster of the two), and each is timed as an exported artifact runs it. The faster side
-wins; a library call must beat the codegen kernel by `MARGIN` to be chosen, since it also costs
-a dispatch and a dependency. Timings are cached per (workload, target, TVM and extension
-version, codegen code, CPU model, threads), so a second compile of the same shapes does not
-re-time.
+the faster of the two; one more per lower compute precision the library may use, bf16), and
+each is timed as an exported artifact runs it. The fastest side wins; a library call must beat
+the codegen kernel by `MARGIN` to be chosen, since it also costs a dispatch and a dependency.
+Timings are cached per (workload, target, TVM and extension version, codegen code, CPU model,
+threads), so a second compile of the same shapes does not re-time; a timing taken while the
+machine was busy is not cached (kernels.timing).
 
 The module is pure: `build` (module -> VM executable, the pipeline's codegen path) is passed in,
 so this sits below the pipeline that calls it.
@@ -15,21 +16,15 @@ so this sits below the pipeline that calls it.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
 import os
 import tempfile
-import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
+from .timing import TimingCache, cache_key, measure_call, random_inputs
+
 MARGIN = 0.95  # library chosen when library_ms < MARGIN * codegen_ms
-_CACHE_NAME = "dispatch-timings.json"
-# Changes when the way kernels are timed changes, so older cached timings are not reused.
-TIMING_METHOD = "both-sides-on-the-openmp-team"
 
 
 @dataclass
@@ -44,76 +39,20 @@ class Choice:
     cached: bool = False
     reason: str = ""
     codegen_by: str = "default"  # which codegen build codegen_ms is ("default" or "tuned")
+    precision: str = "fp32"  # the library call's compute precision ("fp32" or "bf16")
+    library_bf16_ms: float | None = None  # None: bf16 was not a candidate
+    trusted: bool = True  # False: measured on a busy or noisy machine, not cached
+    note: str = ""
 
     def to_json(self) -> dict:
         return asdict(self)
 
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TVMOPT_CACHE_DIR", Path("~/.cache/tvmopt").expanduser()))
-
-
-def _host_id() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                        "")
-    except OSError:
-        return ""
-
-
-def _threads() -> str:
-    return os.environ.get("TVM_NUM_THREADS", str(os.cpu_count()))
-
-
-@functools.lru_cache(maxsize=1)
-def codegen_id() -> str:
-    """A hash of the code that decides what the codegen side compiles to (the default
-    schedules, the pipeline, its passes): a timing measured before they changed is stale."""
-    pkg = Path(__file__).resolve().parent.parent
-    h = hashlib.sha256()
-    for f in sorted([*pkg.joinpath("kernels").glob("*.py"), pkg / "pipeline.py",
-                     *pkg.joinpath("passes").glob("*.py")]):
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _cache_key(kernel: str, target_text: str, ext_id: str) -> str:
-    import tvm
-
-    text = "\n".join([kernel, target_text, tvm.__version__, ext_id, codegen_id(), _host_id(),
-                      _threads(), TIMING_METHOD])
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-class TimingCache:
-    """A JSON file of measured kernel pairs; unreadable or foreign entries are ignored."""
-
-    def __init__(self, path: Path | None = None):
-        self.path = path or cache_dir() / _CACHE_NAME
-        try:
-            self.data = json.loads(self.path.read_text())
-            if not isinstance(self.data, dict):
-                self.data = {}
-        except (OSError, ValueError):
-            self.data = {}
-
-    def get(self, key: str, fields=("library_ms", "codegen_ms")):
-        v = self.data.get(key)
-        ok = isinstance(v, dict) and set(fields) <= set(v)
-        return tuple(v[f] for f in fields) if ok else None
-
-    def put(self, key: str, kernel: str, **fields) -> None:
-        self.data[key] = {"kernel": kernel, **fields}
-
-    def save(self) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.data, indent=0, sort_keys=True))
-            os.replace(tmp, self.path)  # atomic: two compiles at once never corrupt it
-        except OSError:
-            pass  # a read-only home only costs a re-timing next time
+    @property
+    def best_ms(self) -> float | None:
+        """The time of what ships (None when nothing was timed)."""
+        if self.choice == "codegen":
+            return self.codegen_ms
+        return self.library_bf16_ms if self.precision == "bf16" else self.library_ms
 
 
 def _call_sites(mod, groups) -> dict:
@@ -145,35 +84,6 @@ def _kernel_function(func, args):
     return plain.bind_params(binds) if binds else plain
 
 
-def random_inputs(func, rng) -> list[np.ndarray]:
-    """Arrays for a Relax function's static tensor params: floats normal, integers 0 (an index
-    in range for every gather)."""
-    out = []
-    for p in func.params:
-        shape, dtype = [int(d) for d in p.ty.shape.values], str(p.ty.dtype)
-        out.append(rng.standard_normal(shape).astype(dtype) if dtype.startswith("float")
-                   else np.zeros(shape, dtype=dtype))
-    return out
-
-
-def time_call(vm, name: str, inputs, dev) -> float:
-    """Best-of-5 ms of `name`, each sample a batch of calls lasting ~6 ms."""
-    f = vm[name]
-    f(*inputs)  # first call: oneDNN reorders its weights then; not a steady-state cost
-    t0 = time.perf_counter()
-    f(*inputs)
-    one = max(time.perf_counter() - t0, 1e-6)
-    number = max(1, min(200, int(0.006 / one)))
-    samples = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            f(*inputs)
-        samples.append((time.perf_counter() - t0) / number)
-    # The minimum: other processes and the other runtime's thread pool only ever add time.
-    return float(np.min(samples) * 1e3)
-
-
 def _loaded_like_an_artifact(executable, folder: str, name: str):
     """A side as an artifact with oneDNN kernels runs it: exported, then loaded as
     `runtime.load` does, its TVM kernels on oneDNN's OpenMP team. Both sides are timed so:
@@ -187,19 +97,27 @@ def _loaded_like_an_artifact(executable, folder: str, name: str):
 
 
 def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | None = None,
-           cache: TimingCache | None = None):
-    """Decide, per oneDNN group of `mod` (from onednn.partition), library or codegen.
+           cache: TimingCache | None = None, compute: tuple[str, ...] = ("fp32",),
+           fp32_only=frozenset()):
+    """Decide, per oneDNN group of `mod` (from onednn.partition), library or codegen, and the
+    library call's compute precision.
 
     Args:
         build_codegen: builders IRModule -> VM executable by name ("default": the default
             schedules; "tuned": with the database's records), one for each way the kernel may
             ship as codegen: the fastest is the codegen side.
-        build_library: IRModule -> VM executable whose composites are lowered to packed calls.
+        build_library: (IRModule, compute precision) -> VM executable whose composites are
+            lowered to packed calls computing in that precision.
         ext_id: the extension's identity (its build hash), part of the cache key.
-        force: "library" or "codegen" to skip timing.
+        force: "library" or "codegen" to skip timing; a forced library call computes in
+            `compute[0]`.
+        compute: the library's compute precisions that may be chosen ("fp32", "bf16"); each is
+            timed and the fastest kept.
+        fp32_only: workload keys that must stay fp32 (the accuracy gate took bf16 back).
 
     Returns:
-        (GlobalVars to keep as library calls, list of Choice).
+        (GlobalVars to keep as library calls, GlobalVar -> compute precision of each kept one,
+        list of Choice).
     """
     import tvm
     from tvm import relax
@@ -208,25 +126,38 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
 
     groups = onednn.composites(mod)
     if not groups:
-        return set(), []
+        return set(), {}, []
     sites = _call_sites(mod, groups)
     by_key: dict[str, list] = {}
     for gv, func in groups.items():
         by_key.setdefault(onednn.workload_key(func), []).append(gv)
+
+    def allowed(k):
+        return [c for c in compute if c == "fp32" or k not in fp32_only] or ["fp32"]
+
     if force in ("library", "codegen"):
-        choices = [Choice(k, sum(len(sites.get(gv, ())) for gv in g), force, None, None,
-                          reason=f"--dispatch {force}") for k, g in by_key.items()]
-        keep = set(groups) if force == "library" else set()
-        return keep, choices
+        choices, keep, prec = [], set(), {}
+        for k, g in by_key.items():
+            c = allowed(k)[0]
+            choices.append(Choice(k, sum(len(sites.get(gv, ())) for gv in g), force, None, None,
+                                  reason=f"--dispatch {force}",
+                                  precision=c if force == "library" else "fp32"))
+            if force == "library":
+                keep |= set(g)
+                prec.update(dict.fromkeys(g, c))
+        return keep, prec, choices
 
     cache = cache or TimingCache()
     target_text = str(target)
-    fields = ("library_ms", "codegen_ms", "codegen_by")
+    lib_fields = {"fp32": "library_ms", "bf16": "library_bf16_ms"}
+    # fp32 is always timed: it is what a kernel the accuracy gate takes back from bf16 runs.
+    timed_compute = tuple(dict.fromkeys(("fp32", *compute)))
+    fields = ("codegen_ms", "codegen_by", *(lib_fields[c] for c in timed_compute))
     timed, todo = {}, []
     for k in by_key:
-        hit = cache.get(_cache_key(k, target_text, ext_id), fields)
+        hit = cache.get(cache_key(k, target_text, ext_id), fields)
         if hit is not None:
-            timed[k] = (*hit, True)
+            timed[k] = {**dict(zip(fields, hit)), "cached": True, "trusted": True, "note": ""}
         else:
             todo.append(k)
     if todo:
@@ -253,26 +184,41 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
             vm_cg = {by: relax.VirtualMachine(
                 _loaded_like_an_artifact(b(cg_mod), tmp, f"codegen-{by}.so"), dev)
                 for by, b in build_codegen.items()}
-            vm_lib = relax.VirtualMachine(
-                _loaded_like_an_artifact(build_library(lib_mod), tmp, "library.so"), dev)
+            vm_lib = {c: relax.VirtualMachine(
+                _loaded_like_an_artifact(build_library(lib_mod, c), tmp, f"library-{c}.so"), dev)
+                for c in timed_compute}
             for i, k in enumerate(todo):
                 name = f"tvmopt_kernel_{i}"
                 inputs = [tvm.runtime.tensor(a, dev) for a in feeds[name]]
-                lib_ms = time_call(vm_lib, name, inputs, dev)
-                cg_ms, cg_by = min((time_call(vm, name, inputs, dev), by)
-                                   for by, vm in vm_cg.items())
-                timed[k] = (lib_ms, cg_ms, cg_by, False)
-                cache.put(_cache_key(k, target_text, ext_id), k, library_ms=lib_ms,
-                          codegen_ms=cg_ms, codegen_by=cg_by)
+                ms = {lib_fields[c]: measure_call(vm, name, inputs) for c, vm in vm_lib.items()}
+                cg = min(((measure_call(vm, name, inputs), by) for by, vm in vm_cg.items()),
+                         key=lambda mb: mb[0].ms)
+                every = [*ms.values(), cg[0]]
+                bad = [m for m in every if not m.trusted]
+                entry = {f: m.ms for f, m in ms.items()}
+                entry.update(codegen_ms=cg[0].ms, codegen_by=cg[1])
+                timed[k] = {**entry, "cached": False, "trusted": not bad,
+                            "note": f"not cached: {bad[0].why_untrusted()}" if bad else ""}
+                if not bad:
+                    cache.put(cache_key(k, target_text, ext_id), k, **entry)
         cache.save()
-    keep, choices = set(), []
+    keep, prec, choices = set(), {}, []
     for k, gvs in by_key.items():
-        lib_ms, cg_ms, cg_by, cached = timed[k]
-        lib = lib_ms < MARGIN * cg_ms
-        if lib:
+        t = timed[k]
+        lib = {c: t[lib_fields[c]] for c in allowed(k)}
+        best = min(lib, key=lib.get)
+        use_lib = lib[best] < MARGIN * t["codegen_ms"]
+        if use_lib:
             keep |= set(gvs)
+            prec.update(dict.fromkeys(gvs, best))
         n_sites = sum(len(sites.get(gv, ())) for gv in gvs)
-        choices.append(Choice(k, n_sites, "library" if lib else "codegen", round(lib_ms, 4),
-                              round(cg_ms, 4), cached,
-                              "faster by timing" if lib else "codegen as fast or faster", cg_by))
-    return keep, choices
+        bf16 = t.get("library_bf16_ms")
+        choices.append(Choice(
+            k, n_sites, "library" if use_lib else "codegen", round(t["library_ms"], 4),
+            round(t["codegen_ms"], 4), t["cached"],
+            "faster by timing" if use_lib else "codegen as fast or faster", t["codegen_by"],
+            precision=best if use_lib else "fp32",
+            library_bf16_ms=round(bf16, 4) if bf16 is not None else None,
+            trusted=t["trusted"], note=t["note"] + ("; bf16 taken back by the accuracy gate"
+                                                   if k in fp32_only else "")))
+    return keep, prec, choices

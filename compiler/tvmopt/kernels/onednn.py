@@ -44,6 +44,9 @@ ACT_NONE, ACT_RELU, ACT_CLIP, ACT_GELU_ERF, ACT_GELU_TANH, ACT_SWISH = 0, 1, 2, 
 # Conv layout modes: let oneDNN pick blocked activation layouts (reordered around each call),
 # or pin activations to NCHW.
 LAYOUT_AUTO, LAYOUT_PLAIN = 0, 1
+# Compute precisions understood by onednn_ext.cc (the last attrs entry of both calls): bf16
+# converts activations and weights to bf16 inside the call, accumulates and returns fp32.
+COMPUTE = {"fp32": 0, "bf16": 1}
 
 _loaded: dict[str, object] = {}
 
@@ -391,10 +394,11 @@ def _composite_ops(func: relax.Function):
 
 @relax.expr_functor.mutator
 class _Lower(relax.PyExprMutator):
-    def __init__(self, mod, layout):
+    def __init__(self, mod, layout, compute):
         super().__init__(mod)
         self.mod_ = mod
         self.layout = layout
+        self.compute = compute  # GlobalVar -> "fp32" | "bf16"
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
@@ -408,15 +412,16 @@ class _Lower(relax.PyExprMutator):
             return call
         env = {p: a for p, a in zip(func.params, call.args)}
         ops = _composite_ops(func)
+        compute = COMPUTE[self.compute.get(call.op, "fp32")]
         if str(comp).startswith(_PREFIX + "conv2d"):
-            return self._conv(env, ops, call)
-        return self._matmul(env, ops, call)
+            return self._conv(env, ops, call, compute)
+        return self._matmul(env, ops, call, compute)
 
     @staticmethod
     def _resolve(env, e):
         return env.get(e, e)
 
-    def _conv(self, env, ops, call):
+    def _conv(self, env, ops, call, compute):
         (conv_var, conv), rest = ops[0], ops[1:]
         a = conv.attrs
         args = [self._resolve(env, conv.args[0]), self._resolve(env, conv.args[1])]
@@ -466,11 +471,11 @@ class _Lower(relax.PyExprMutator):
                  int(a.dilation[0]), int(a.dilation[1]), int(a.groups),
                  int(bias is not None), int(residual is not None), act, _f32_bits(lo),
                  _f32_bits(hi), post, self.layout,
-                 int(a.data_layout == "NHWC") + int(a.kernel_layout == "HWIO")]
+                 int(a.data_layout == "NHWC") + int(a.kernel_layout == "HWIO"), compute]
         args.append(relax.ShapeExpr(attrs))
         return relax.call_dps_packed(CONV_FUNC, args, call.ty)
 
-    def _matmul(self, env, ops, call):
+    def _matmul(self, env, ops, call, compute):
         (mm_var, mm), rest = ops[0], ops[1:]
         args = [self._resolve(env, mm.args[0]), self._resolve(env, mm.args[1])]
         bias = None
@@ -489,7 +494,7 @@ class _Lower(relax.PyExprMutator):
             chain = var
         if bias is not None:
             args.append(bias)
-        args.append(relax.ShapeExpr([0, int(bias is not None), act]))
+        args.append(relax.ShapeExpr([0, int(bias is not None), act, compute]))
         return relax.call_dps_packed(MATMUL_FUNC, args, call.ty)
 
 
@@ -585,12 +590,20 @@ def workload_key(func: relax.Function) -> str:
                      attr_text])
 
 
-def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO) -> tvm.IRModule:
+def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO,
+          compute: dict | str | None = None) -> tvm.IRModule:
     """Composite groups -> ``R.call_dps_packed`` calls; groups not in `keep` (a set of
-    GlobalVars; None: all) are inlined back as the plain ops they were."""
+    GlobalVars; None: all) are inlined back as the plain ops they were.
+
+    Args:
+        compute: the compute precision of the library calls: one name from COMPUTE for every
+            group, or a dict GlobalVar -> name (groups missing from it: fp32).
+    """
     groups = composites(mod)
     back = {gv: f for gv, f in groups.items() if keep is not None and gv not in keep}
-    lowered = _Lower(mod, conv_layout)
+    if isinstance(compute, str):
+        compute = dict.fromkeys(groups, compute)
+    lowered = _Lower(mod, conv_layout, compute or {})
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and gv not in groups:
             if back:

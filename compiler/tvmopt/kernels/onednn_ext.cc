@@ -53,10 +53,21 @@ enum Act : int64_t { kNone = 0, kRelu = 1, kClip = 2, kGeluErf = 3, kGeluTanh = 
 enum ConvAttr {
   kStrideH, kStrideW, kPadT, kPadL, kPadB, kPadR, kDilH, kDilW, kGroups,
   kConvHasBias, kConvHasResidual, kConvAct, kConvClipLo, kConvClipHi, kConvPostAct,
-  kConvLayout, kConvNHWC, kConvNumAttrs
+  kConvLayout, kConvNHWC, kConvCompute, kConvNumAttrs
 };
 // Matmul attrs layout.
-enum MatmulAttr { kTransB, kMMHasBias, kMMAct, kMMNumAttrs };
+enum MatmulAttr { kTransB, kMMHasBias, kMMAct, kMMCompute, kMMNumAttrs };
+// Compute precision (kConvCompute / kMMCompute). bf16: activations are converted to bf16 on
+// the way in and weights once, with fp32 accumulation and an fp32 output, so the caller's
+// tensors stay fp32 and the call is a drop-in for the fp32 one. Attrs written before this
+// entry existed (one entry shorter) mean fp32.
+enum Compute : int64_t { kComputeF32 = 0, kComputeBF16 = 1 };
+
+// Attrs of an older artifact lack the trailing compute entry: fp32.
+std::vector<int64_t> WithCompute(std::vector<int64_t> a, size_t n) {
+  if (a.size() + 1 == n) a.push_back(kComputeF32);
+  return a;
+}
 
 struct Runtime {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
@@ -263,7 +274,7 @@ std::string MakeKey(const char* op, const void* wptr, const std::vector<int64_t>
 
 struct ConvEntry {
   dnnl::convolution_forward prim;
-  memory::desc src_md, dst_md, user_src_md, user_dst_md;
+  memory::desc src_md, dst_md, user_src_md, user_dst_md;  // user_*: the caller's fp32 tensors
   memory weights;
   std::vector<float> fingerprint;
   bool reorder_src = false, reorder_dst = false;
@@ -272,9 +283,11 @@ struct ConvEntry {
 
 struct MatmulEntry {
   dnnl::matmul prim;
-  memory::desc a_md, dst_md;
+  memory::desc a_md, dst_md, user_a_md;  // user_a_md: the caller's fp32 a
   memory weights;
   std::vector<float> fingerprint;
+  bool convert_a = false;  // bf16 compute: a is converted into a_buf first
+  memory a_buf;
 };
 
 std::mutex g_mu;
@@ -310,9 +323,13 @@ std::shared_ptr<ConvEntry> CreateConv(const TensorView& data, const TensorView& 
   // layout 1 pins activations to NCHW (no reorders, but oneDNN may pick a slower kernel);
   // layout 0 lets oneDNN choose and reorders activations in and out around the call.
   bool plain = a[kConvLayout] == 1;
-  memory::desc src_any = plain ? e->user_src_md : memory::desc(src_dims, dt::f32, tag::any);
+  // bf16 compute: source and weights in bf16 (the source converted by the reorder in, which
+  // then always runs), output and post-ops in fp32.
+  dt cdt = a[kConvCompute] == kComputeBF16 ? dt::bf16 : dt::f32;
+  memory::desc src_any = plain ? memory::desc(src_dims, cdt, act_tag)
+                               : memory::desc(src_dims, cdt, tag::any);
   memory::desc dst_any = plain ? e->user_dst_md : memory::desc(dst_dims, dt::f32, tag::any);
-  memory::desc w_any(wg_dims, dt::f32, tag::any);
+  memory::desc w_any(wg_dims, cdt, tag::any);
   memory::desc b_md = has_bias ? memory::desc({dst_dims[1]}, dt::f32, tag::x) : memory::desc();
 
   dnnl::post_ops po;
@@ -353,7 +370,7 @@ std::shared_ptr<ConvEntry> CreateConv(const TensorView& data, const TensorView& 
 void Conv2d(PackedArgs args, tvm::ffi::Any* rv) {
   int n = args.size();
   TVM_FFI_ICHECK_GE(n, 4) << "conv2d(data, weight, [bias], [residual], attrs, out)";
-  std::vector<int64_t> a = ReadAttrs(args[n - 2]);
+  std::vector<int64_t> a = WithCompute(ReadAttrs(args[n - 2]), kConvNumAttrs);
   TVM_FFI_ICHECK_EQ(a.size(), static_cast<size_t>(kConvNumAttrs)) << "bad conv2d attrs";
   bool has_bias = a[kConvHasBias] != 0, has_res = a[kConvHasResidual] != 0;
   TVM_FFI_ICHECK_EQ(n, 4 + has_bias + has_res) << "conv2d arg count does not match attrs";
@@ -419,7 +436,7 @@ void Conv2d(PackedArgs args, tvm::ffi::Any* rv) {
 void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
   int n = args.size();
   TVM_FFI_ICHECK_GE(n, 4) << "matmul(a, b, [bias], attrs, out)";
-  std::vector<int64_t> at = ReadAttrs(args[n - 2]);
+  std::vector<int64_t> at = WithCompute(ReadAttrs(args[n - 2]), kMMNumAttrs);
   TVM_FFI_ICHECK_EQ(at.size(), static_cast<size_t>(kMMNumAttrs)) << "bad matmul attrs";
   bool has_bias = at[kMMHasBias] != 0, trans_b = at[kTransB] != 0;
   TVM_FFI_ICHECK_EQ(n, 4 + has_bias) << "matmul arg count does not match attrs";
@@ -475,9 +492,14 @@ void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
       acc *= b_dims[i];
     }
     memory::desc user_b_md(b_dims, dt::f32, b_strides);
-    e->a_md = memory::desc(a_dims, dt::f32, PlainTag(nd));
+    // bf16 compute: a and b in bf16 (a converted on each call), fp32 accumulation and output.
+    dt cdt = at[kMMCompute] == kComputeBF16 ? dt::bf16 : dt::f32;
+    e->user_a_md = memory::desc(a_dims, dt::f32, PlainTag(nd));
+    e->a_md = memory::desc(a_dims, cdt, PlainTag(nd));
+    e->convert_a = cdt != dt::f32;
+    if (e->convert_a) e->a_buf = memory(e->a_md, rt.eng);
     e->dst_md = memory::desc(o_dims, dt::f32, PlainTag(nd));
-    memory::desc b_any(b_dims, dt::f32, tag::any);
+    memory::desc b_any(b_dims, cdt, tag::any);
     memory::desc bias_md;
     if (has_bias) {
       memory::dims bd(nd, 1);
@@ -497,8 +519,13 @@ void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
     e->fingerprint = std::move(fp);
     g_matmul_cache[key] = e;
   }
+  memory a_mem(e->user_a_md, rt.eng, DataPtr(A));
+  if (e->convert_a) {
+    dnnl::reorder(a_mem, e->a_buf).execute(rt.strm, a_mem, e->a_buf);
+    a_mem = e->a_buf;
+  }
   std::unordered_map<int, memory> exec_args{
-      {DNNL_ARG_SRC, memory(e->a_md, rt.eng, DataPtr(A))},
+      {DNNL_ARG_SRC, a_mem},
       {DNNL_ARG_WEIGHTS, e->weights},
       {DNNL_ARG_DST, memory(e->dst_md, rt.eng, DataPtr(out))}};
   if (has_bias) {

@@ -83,10 +83,10 @@ def _key(task_mod, record, target) -> str:
     """The dispatch timings' key (TVM version, host, threads) over the task and its record."""
     import tvm_ffi
 
-    from ..kernels.dispatch import _cache_key
+    from ..kernels.timing import cache_key
 
     what = f"record {tvm_ffi.structural_hash(task_mod)}\n{record.trace}"
-    return "record:" + _cache_key(what, str(target), METHOD)
+    return "record:" + cache_key(what, str(target), METHOD)
 
 
 def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = False,
@@ -99,7 +99,7 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
 
     from .. import pipeline
     from ..errors import TargetError
-    from ..kernels.dispatch import TimingCache, random_inputs, time_call
+    from ..kernels.timing import TimingCache, random_inputs, time_call
     from ..targets.registry import check_host_can_run
     from .tasks import extract_tasks
 
@@ -141,7 +141,7 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
         tuned_cfg = pipeline.PipelineConfig(database=replay.db, weight_prepack=weight_prepack,
                                             channels_last=False)
         default_cfg = pipeline.PipelineConfig(channels_last=False)
-        with pipeline._unrecorded(), tempfile.TemporaryDirectory(prefix="tvmopt-prefer-") as tmp:
+        with pipeline.unrecorded(), tempfile.TemporaryDirectory(prefix="tvmopt-prefer-") as tmp:
             vms = {}
             for side, cfg in (("tuned", tuned_cfg), ("default", default_cfg)):
                 ex = pipeline.build(mod, target, cfg, start_after=pipeline.FRONT_HALF)

@@ -37,35 +37,22 @@ def parse_selection(text: str | None) -> int | None:
     return int(m.group(1))
 
 
-def _random_args(func, dev):
-    import tvm
-
-    args = []
-    for p in func.params:
-        shape = [int(s) for s in p.ty.shape]  # TVM 0.27: params are buffer-typed vars
-        dtype = str(p.ty.dtype)
-        if dtype.startswith("float"):
-            arr = np.random.default_rng(0).standard_normal(shape).astype(dtype)
-        else:
-            arr = np.zeros(shape, dtype=dtype)  # indices: 0 is in range for every gather
-        args.append(tvm.runtime.tensor(arr, dev))
-    return args
-
-
 def default_schedule_ms(task: Task, target) -> float | None:
     """Best-of-5 ms of one call of the task's PrimFunc with the default schedule rules."""
     import tvm
     from tvm.s_tir import dlight as dl
 
     from ..kernels.cpu import default_rules
-    from ..kernels.dispatch import time_call
+    from ..kernels.timing import random_inputs, time_call
 
     try:
         with target:
             mod = dl.ApplyDefaultSchedule(*default_rules())(task.mod)
         lib = tvm.compile(mod, target=target)
         dev = tvm.cpu()
-        return time_call(lib, "main", _random_args(mod["main"], dev), dev)
+        args = [tvm.runtime.tensor(a, dev)
+                for a in random_inputs(mod["main"], np.random.default_rng(0))]
+        return time_call(lib, "main", args)
     except Exception:  # pylint: disable=broad-except
         return None
 

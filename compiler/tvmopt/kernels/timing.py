@@ -1,0 +1,200 @@
+"""Timing built kernels on this host: the one measurement module of the compile-time choices.
+
+The per-kernel dispatch (kernels.dispatch), the tuned-record check (tuning.prefer) and the task
+ranking of `tune --tasks slowest:N` (tuning.select) all time a kernel the same way: random
+inputs for its parameters, a warm-up call, then the best of several batched samples. A sample
+is only as good as the machine was quiet while it ran, so each measurement also reports the CPU
+time other processes used meanwhile (foreign load) and how far its samples spread; a
+measurement that stays loaded or noisy after re-timing is returned untrusted, and the timing
+cache refuses to store it, so one compile on a busy machine cannot fix a bad choice for every
+later compile.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+CACHE_NAME = "dispatch-timings.json"
+# Changes when the way kernels are timed changes, so older cached timings are not reused.
+TIMING_METHOD = "both-sides-on-the-openmp-team"
+# A measurement is trusted when other processes used less than this share of one core while it
+# ran, and its median sample is within SPREAD of its best one.
+FOREIGN_LOAD_LIMIT = 0.25
+SPREAD = 1.3
+RETRIES = 2  # re-timings of an untrusted measurement before it is returned as it is
+
+
+def cache_dir() -> Path:
+    """The folder of tvmopt's caches: TVMOPT_CACHE_DIR, or ~/.cache/tvmopt when unset or empty."""
+    root = os.environ.get("TVMOPT_CACHE_DIR") or ""
+    return Path(root) if root.strip() else Path("~/.cache/tvmopt").expanduser()
+
+
+def host_id() -> str:
+    """The CPU model name (cached timings are only valid on the CPU that measured them)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                        "")
+    except OSError:
+        return ""
+
+
+def threads() -> str:
+    return os.environ.get("TVM_NUM_THREADS", str(os.cpu_count()))
+
+
+@functools.lru_cache(maxsize=1)
+def codegen_id() -> str:
+    """A hash of the code that decides what the codegen side compiles to (the default
+    schedules, the pipeline, its passes): a timing measured before they changed is stale."""
+    pkg = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for f in sorted([*pkg.joinpath("kernels").glob("*.py"), pkg / "pipeline.py",
+                     *pkg.joinpath("passes").glob("*.py")]):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cache_key(kernel: str, target_text: str, ext_id: str) -> str:
+    """The timing cache's key of `kernel` (any text naming what is timed) on this host."""
+    import tvm
+
+    text = "\n".join([kernel, target_text, tvm.__version__, ext_id, codegen_id(), host_id(),
+                      threads(), TIMING_METHOD])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def random_inputs(func, rng) -> list[np.ndarray]:
+    """Arrays for a Relax function's or PrimFunc's static tensor params: floats normal,
+    integers 0 (an index in range for every gather)."""
+    out = []
+    for p in func.params:
+        ty = p.ty
+        shape, dtype = [int(d) for d in getattr(ty.shape, "values", ty.shape)], str(ty.dtype)
+        out.append(rng.standard_normal(shape).astype(dtype) if dtype.startswith("float")
+                   else np.zeros(shape, dtype=dtype))
+    return out
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One kernel's timing on this host.
+
+    Attributes:
+        ms: the best sample (other processes and the other runtime's pool only add time).
+        median_ms: the median sample.
+        foreign_load: cores' worth of CPU time other processes used while it was measured.
+        attempts: how many times it was measured (re-timed while untrusted).
+    """
+
+    ms: float
+    median_ms: float
+    foreign_load: float
+    attempts: int = 1
+
+    @property
+    def trusted(self) -> bool:
+        return self.foreign_load < FOREIGN_LOAD_LIMIT and self.median_ms <= SPREAD * self.ms
+
+    def why_untrusted(self) -> str:
+        if self.foreign_load >= FOREIGN_LOAD_LIMIT:
+            return f"other processes used {self.foreign_load:.2f} cores while it was timed"
+        return f"samples spread from {self.ms:.4g} to {self.median_ms:.4g} ms (median)"
+
+
+def _busy_seconds() -> tuple[float, float]:
+    """(CPU seconds all processes have used, CPU seconds this process has used)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+    me = psutil.Process().cpu_times()
+    return busy, me.user + me.system
+
+
+def _sample(f, inputs) -> tuple[float, float, float]:
+    """(best ms, median ms, foreign load) of five batched samples of ~6 ms each."""
+    f(*inputs)  # first call: oneDNN reorders its weights then; not a steady-state cost
+    t0 = time.perf_counter()
+    f(*inputs)
+    one = max(time.perf_counter() - t0, 1e-6)
+    number = max(1, min(200, int(0.006 / one)))
+    samples = []
+    busy0, me0 = _busy_seconds()
+    w0 = time.perf_counter()
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            f(*inputs)
+        samples.append((time.perf_counter() - t0) / number)
+    wall = max(time.perf_counter() - w0, 1e-9)
+    busy1, me1 = _busy_seconds()
+    foreign = max(0.0, (busy1 - busy0) - (me1 - me0)) / wall
+    return float(np.min(samples) * 1e3), float(np.median(samples) * 1e3), foreign
+
+
+def measure_call(vm, name: str, inputs) -> Measurement:
+    """Time `vm[name](*inputs)`, re-timing up to RETRIES times while the machine is loaded or
+    the samples spread; the best of the attempts is returned (trusted or not)."""
+    f = vm[name]
+    best = None
+    for attempt in range(1, RETRIES + 2):
+        ms, med, foreign = _sample(f, inputs)
+        m = Measurement(ms, med, foreign, attempt)
+        if best is None or (m.trusted, -m.ms) > (best.trusted, -best.ms):
+            best = m
+        if m.trusted:
+            break
+    return Measurement(best.ms, best.median_ms, best.foreign_load, attempt)
+
+
+def time_call(vm, name: str, inputs, dev=None) -> float:
+    """Best ms of `vm[name](*inputs)` (see measure_call)."""
+    return measure_call(vm, name, inputs).ms
+
+
+class TimingCache:
+    """A JSON file of measured kernel timings; unreadable or foreign entries are ignored.
+
+    Args:
+        path: the file (default: dispatch-timings.json in cache_dir()).
+        read: False ignores what the file holds (`compile --retime`); new timings still
+            replace the old ones when saved.
+    """
+
+    def __init__(self, path: Path | None = None, read: bool = True):
+        self.path = path or cache_dir() / CACHE_NAME
+        self.data = {}
+        try:
+            data = json.loads(self.path.read_text())
+            if isinstance(data, dict):
+                self.data = data
+        except (OSError, ValueError):
+            pass
+        self.read = read
+
+    def get(self, key: str, fields=("library_ms", "codegen_ms")):
+        v = self.data.get(key) if self.read else None
+        ok = isinstance(v, dict) and set(fields) <= set(v)
+        return tuple(v[f] for f in fields) if ok else None
+
+    def put(self, key: str, kernel: str, **fields) -> None:
+        self.data[key] = {"kernel": kernel, **fields}
+
+    def save(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.data, indent=0, sort_keys=True))
+            os.replace(tmp, self.path)  # atomic: two compiles at once never corrupt it
+        except OSError:
+            pass  # a read-only home only costs a re-timing next time
