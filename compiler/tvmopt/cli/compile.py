@@ -18,9 +18,20 @@ from . import options
 @click.option("--atol", type=float, default=1e-4, show_default=True)
 @click.option("--rtol", type=float, default=1e-3, show_default=True)
 @options.dims("Value of a symbolic dim for --verify (default 1).")
-@options.precision()
+@options.precision("auto: the plan picks per target ('tvmopt plan' shows why); on CPUs with "
+                   "AMX or AVX512-BF16, bf16 library convolutions/matmuls where each times "
+                   "faster, behind the accuracy gate (--max-error). fp32: exact.")
 @click.option("--max-error", type=float, default=None,
-              help="Fail when a non-fp32 build's max abs error vs the fp32 build exceeds this.")
+              help="Accuracy gate: the largest error allowed for a lower precision, as "
+                   "max|out - fp32 reference| / max|reference| over the outputs on sample "
+                   "inputs. bf16 library kernels default to 0.02 and are given back to fp32 "
+                   "kernel by kernel past it; for fp16/int8 a breach fails the compile.")
+@click.option("--calibration", type=click.Path(exists=True, dir_okay=False),
+              help="An .npz of sample inputs (one array per model input, by name) for the "
+                   "accuracy gate, instead of seeded random inputs.")
+@click.option("--retime", is_flag=True,
+              help="Time every kernel again instead of reading the timing cache (then cache "
+                   "the new timings).")
 @click.option("--db", type=click.Path(file_okay=False),
               help="Replay this tuning database (from `tvmopt tune`).")
 @click.option("--require-db", is_flag=True, help="Fail if --db misses any task.")
@@ -29,8 +40,8 @@ from . import options
 @click.option("--bundle", is_flag=True,
               help="Write one tarball for a Linux board instead: the library, the TVM runtime "
                    "libraries and a C++ runner (bin/tvmopt-run), no Python needed (docs/edge.md).")
-def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, max_error, db,
-            require_db, dispatch, allow_newer_opset, bundle):
+def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, max_error,
+            calibration, retime, db, require_db, dispatch, allow_newer_opset, bundle):
     """Compile MODEL (.onnx, or a torch.export.save'd .pt2) into a deployable artifact folder
     (or, with --bundle, a tarball for a board)."""
     from ..interface.compile import CompileOptions, compile_model
@@ -40,7 +51,8 @@ def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, 
     opts = CompileOptions(model=model or options.default_model(), target=target, output=output,
                           shapes=list(shapes), verify=verify, tolerance=Tolerance(atol, rtol),
                           verify_dims=options.parse_dims(dims), precision=precision,
-                          max_error=max_error, db=db, require_db=require_db, dispatch=dispatch,
+                          max_error=max_error, calibration=calibration, retime=retime, db=db,
+                          require_db=require_db, dispatch=dispatch,
                           allow_newer_opset=allow_newer_opset)
     if bundle:
         from ..edge.bundle import compile_bundle

@@ -48,9 +48,12 @@ def accuracy_report(art, imported, cfg, hw: HardwareTarget, opts, log=print) -> 
     for o in per_output:
         log(f"accuracy {report['precision']} vs {reference.split(' (')[0]}: {o['name']}: max abs err {o['max_abs']:.3g}, "
             f"mean abs err {o['mean_abs']:.3g} (output magnitude {o['ref_max_abs']:.3g})")
-    worst = max((o["max_abs"] for o in per_output), default=0.0)
+    # --max-error is relative to each output's magnitude, as in the bf16 gate (interface.gate)
+    worst = max((o["max_abs"] / (o["ref_max_abs"] or 1.0) for o in per_output), default=0.0)
+    report["relative_error"] = worst
     if opts.max_error is not None and worst > opts.max_error:
-        raise VerificationError(f"precision {report['precision']}: max abs error {worst:.3g} vs the "
-                                f"fp32 build exceeds --max-error {opts.max_error:g}; use "
-                                "--precision fp32 or raise the limit")
+        raise VerificationError(f"precision {report['precision']}: error {worst:.3g} (max abs "
+                                f"error / max |fp32 output|) vs the fp32 build exceeds "
+                                f"--max-error {opts.max_error:g}; use --precision fp32 or raise "
+                                "the limit")
     return report

@@ -47,9 +47,13 @@ class CompileOptions:
     tolerance: Tolerance = field(default_factory=Tolerance)
     verify_dims: dict[str, int] = field(default_factory=dict)
     save_temps: str | None = None
-    # "auto" or a precision from tvmopt.precision.policy.SCHEMES; max error allowed vs the fp32 build
+    # "auto" or a precision from tvmopt.precision.policy.CHOICES. max_error: the accuracy
+    # gate's limit (interface.gate: max |out - ref| / max |ref|); None: its default for bf16
+    # library kernels, none for the other lower precisions (their error is reported).
     precision: str = "auto"
     max_error: float | None = None
+    calibration: str | None = None  # .npz of sample inputs for the gate
+    retime: bool = False  # measure kernel timings again instead of reading the cache
     db: str | None = None
     require_db: bool = False
     # None: the setting the database was tuned with (its tasks were extracted under it, so
@@ -79,6 +83,7 @@ class CompileResult:
     timings: dict[str, float]
     verification: list | None = None
     replay: object | None = None  # tuning.Replay when compiled with --db
+    gate: object | None = None  # interface.gate.GateRecord when a lower precision was checked
 
 
 def _dumper(folder: str | None):
@@ -109,7 +114,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     from ..frontend import model_file
     from ..passes.schedule_guard import take_fallbacks
     from ..precision.kernel_plan import make_plan
-    from ..precision.rewrites import passes_for
+    from ..precision.schemes import library_compute, passes_for
     from ..runtime.artifact import write_artifact
     from .accuracy import accuracy_report
     from .manifest import cuda_report, kernels_manifest, precision_manifest, schedule_fallbacks
@@ -139,9 +144,17 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     dump = _dumper(opts.save_temps)
     # A database's records were tuned with or without weight prepack; the front half must match.
     prepack = db_weight_prepack(opts.db) if opts.db else False
-    # A database's records were tuned on the NCHW functions `tune` extracted: keep that layout.
-    cfg = pipeline.PipelineConfig(weight_prepack=prepack, dispatch=opts.dispatch,
-                                  channels_last=not opts.db)
+    # Library kernels may compute in a lower precision where the scheme allows it on this
+    # target (bf16 on AMX / AVX512-BF16); each is timed, and the accuracy gate checks the model.
+    compute = library_compute(hw, opts.precision) if opts.dispatch != "codegen" else ("fp32",)
+
+    def config(fp32_only=frozenset()):
+        # A database's records were tuned on the NCHW functions `tune` extracted: keep that layout.
+        return pipeline.PipelineConfig(weight_prepack=prepack, dispatch=opts.dispatch,
+                                       channels_last=not opts.db, library_compute=compute,
+                                       fp32_only=frozenset(fp32_only), retime=opts.retime)
+
+    cfg = config()
     loaded = None
     if opts.db:
         from ..tuning.replay import load_database
@@ -150,85 +163,162 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         # with its records, so a tuned kernel competes with oneDNN as it will run.
         t_db = time.perf_counter()
         loaded = load_database(opts.db, hw)
-        cfg.database, cfg.database_id = loaded.db, loaded.sha256
         timings["database_s"] = time.perf_counter() - t_db
 
-    # Front half, then the plan of its fp32 kernels: the roofline picks the precision per target.
-    t_plan = time.perf_counter()
-    try:
-        fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF, dump=dump)
-    except Exception as err:
-        raise BuildError(f"optimization failed: {_last_line(err)}") from err
-    plan = make_plan(fused, hw, opts.precision, dims=opts.verify_dims)
-    for d in plan.decisions:
-        log(f"precision {d.precision}: {d.action}: {d.reason}")
-    cfg.precision_passes = passes_for(plan, hw)
-    if cfg.precision_passes:  # the rewrites run in the precision phase, before legalization
+    def build_all(cfg, log):
+        """Front half, plan, database replay and build under `cfg`: (plan, replay, executable)."""
+        if loaded is not None:
+            cfg.database, cfg.database_id = loaded.db, loaded.sha256
+        # Front half, then the plan of its fp32 kernels: the roofline picks the precision per
+        # target (and the library kernels' timing, which ran in the front half, the precision
+        # of each library call).
+        t_plan = time.perf_counter()
         try:
             fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF,
                                       dump=dump)
         except Exception as err:
             raise BuildError(f"optimization failed: {_last_line(err)}") from err
-    timings["plan_s"] = time.perf_counter() - t_plan
+        plan = make_plan(fused, hw, opts.precision, dims=opts.verify_dims,
+                         library=cfg.dispatch_choices)
+        for d in plan.decisions:
+            log(f"precision {d.precision}: {d.action}: {d.reason}")
+        cfg.precision_passes = passes_for(plan, hw)
+        if cfg.precision_passes:  # the rewrites run in the precision phase, before legalization
+            try:
+                fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF,
+                                          dump=dump)
+            except Exception as err:
+                raise BuildError(f"optimization failed: {_last_line(err)}") from err
+        timings["plan_s"] = timings.get("plan_s", 0.0) + time.perf_counter() - t_plan
 
-    # Tuning database: matched against the fused module the "database" phase will see.
-    replay = None
-    if opts.db:
-        from ..tuning.replay import replay_database
+        # Tuning database: matched against the fused module the "database" phase will see.
+        replay = None
+        if opts.db:
+            from ..tuning.prefer import prefer_default_where_faster
+            from ..tuning.replay import replay_database
 
-        t_db = time.perf_counter()
-        replay = replay_database(opts.db, hw, fused, opts.require_db, loaded=loaded)
-        from ..tuning.prefer import prefer_default_where_faster
+            t_db = time.perf_counter()
+            replay = replay_database(opts.db, hw, fused, opts.require_db, loaded=loaded)
+            replay.compared = prefer_default_where_faster(replay, hw, fused, prepack)
+            cfg.database = replay.db
+            dropped = [c.task for c in replay.compared if not c.kept]
+            if replay.compared:
+                log(f"database: {len(replay.compared) - len(dropped)} of {len(replay.compared)} "
+                    f"tuned records measure faster than the default schedule here and are used"
+                    + (f"; default schedule kept for {', '.join(dropped)}" if dropped else ""))
+            timings["database_s"] += time.perf_counter() - t_db
 
-        replay.compared = prefer_default_where_faster(replay, hw, fused, prepack)
-        cfg.database = replay.db
-        dropped = [c.task for c in replay.compared if not c.kept]
-        if replay.compared:
-            log(f"database: {len(replay.compared) - len(dropped)} of {len(replay.compared)} "
-                f"tuned records measure faster than the default schedule here and are used"
-                + (f"; default schedule kept for {', '.join(dropped)}" if dropped else ""))
-        timings["database_s"] += time.perf_counter() - t_db
+        t1 = time.perf_counter()
+        ex = pipeline.build(fused, target, cfg, dump=dump, start_after=pipeline.FRONT_HALF)
+        timings["build_s"] = timings.get("build_s", 0.0) + time.perf_counter() - t1
+        return plan, replay, ex
 
-    t1 = time.perf_counter()
-    ex = pipeline.build(fused, target, cfg, dump=dump, start_after=pipeline.FRONT_HALF)
-    timings["build_s"] = time.perf_counter() - t1
+    def manifest_of(cfg, plan, replay):
+        m = {
+            "model": {**model_file.manifest_entry(opts.model, model, imported,
+                                                  opts.allow_newer_opset),
+                      "nonfinite_weights": bad_weights},
+            "kernels": kernels_manifest(cfg, replay),
+            "tvm_version": _tvm_version(),
+            "tvm_ffi_version": _tvm_ffi_version(),
+            "target": {"name": hw.name, "device": hw.device, "arch": hw.arch,
+                       "features": list(hw.features), "tvm": target_json(target)},
+            "inputs": [i.to_json() for i in imported.inputs],
+            "outputs": [o.to_json() for o in imported.outputs],
+            "shape_overrides": {k: list(v) for k, v in opts.shapes.items()},
+            "passes": pipeline.pass_names(hw.device, target, cfg),
+            "precision": precision_manifest(plan),
+            "tuning": {"database": None},
+            "plan": plan.to_json(),
+        }
+        if replay is not None:
+            m["tuning"] = replay.to_json()
+        return m
+
+    plan, replay, ex = build_all(cfg, log)
+    gate = None
+    if any(c.choice == "library" and c.precision != "fp32" for c in cfg.dispatch_choices):
+        t_gate = time.perf_counter()
+        cfg, plan, replay, ex, gate = _accuracy_gate(
+            opts, imported, cfg, plan, replay, ex, config, build_all,
+            lambda c, p, r: manifest_of(c, p, r), cc, log)
+        timings["gate_s"] = time.perf_counter() - t_gate
     for note in cfg.notes:
         log(f"note: {note}")
 
-    manifest = {
-        "model": {**model_file.manifest_entry(opts.model, model, imported, opts.allow_newer_opset),
-                  "nonfinite_weights": bad_weights},
-        "kernels": kernels_manifest(cfg, replay),
-        "tvm_version": _tvm_version(),
-        "tvm_ffi_version": _tvm_ffi_version(),
-        "target": {"name": hw.name, "device": hw.device, "arch": hw.arch,
-                   "features": list(hw.features), "tvm": target_json(target)},
-        "inputs": [i.to_json() for i in imported.inputs],
-        "outputs": [o.to_json() for o in imported.outputs],
-        "shape_overrides": {k: list(v) for k, v in opts.shapes.items()},
-        "passes": pipeline.pass_names(hw.device, target, cfg),
-        "precision": precision_manifest(plan),
-        "tuning": {"database": None},
-    }
-    manifest["plan"] = plan.to_json()
+    manifest = manifest_of(cfg, plan, replay)
+    if gate is not None:
+        manifest["precision"]["gate"] = gate.to_json()
     manifest["schedule_fallbacks"] = schedule_fallbacks(log)
     extra = {}
     if hw.device == "cuda":
         extra["kernels.cu"], manifest["cuda"] = cuda_report(ex, hw, plan, log)
-    if replay is not None:
-        manifest["tuning"] = replay.to_json()
     t2 = time.perf_counter()
     stage.enter("export")
     art = write_artifact(opts.output, ex, manifest, extra_files=extra, cc=cc)
     timings["export_s"] = time.perf_counter() - t2
-    if plan.precision != "fp32" or any(k.integer_matmul for k in plan.kernels):
+    if plan.precision not in ("fp32", "bf16") or any(k.integer_matmul for k in plan.kernels):
         t3 = time.perf_counter()
         accuracy_report(art, imported, cfg, hw, opts, log)
         timings["accuracy_s"] = time.perf_counter() - t3
-    result = CompileResult(art, timings, replay=replay)
+    result = CompileResult(art, timings, replay=replay, gate=gate)
     if opts.verify:
-        result.verification = verify_artifact(art.path, opts.model, opts.tolerance, opts.verify_dims)
+        tol = opts.tolerance
+        if gate is not None and gate.result.startswith("kept"):
+            # A lower precision passed the gate: verify to the gate's limit, not to fp32's.
+            tol = Tolerance(atol=gate.limit, rtol=0.0, relative_to_max=True)
+        result.verification = verify_artifact(art.path, opts.model, tol, opts.verify_dims)
     return result
+
+
+def _accuracy_gate(opts, imported, cfg, plan, replay, ex, config, build_all, manifest_of, cc,
+                   log):
+    """Check a build with lower-precision library kernels against the fp32 reference; give
+    the lower precision back kernel by kernel (least time saved first) and rebuild while the
+    error is over the limit. Returns the build that passed (or the all-fp32 one) and the record."""
+    import tempfile
+
+    from ..runtime.artifact import write_artifact
+    from . import gate as g
+
+    prec = next(c.precision for c in cfg.dispatch_choices
+                if c.choice == "library" and c.precision != "fp32")
+    limit = opts.max_error if opts.max_error is not None else g.DEFAULT_MAX_ERROR
+    feeds, described = g.sample_inputs(imported, opts)
+    rec = g.GateRecord(prec, limit, "--max-error" if opts.max_error is not None else "default",
+                       g.METRIC, "", described)
+    order = g.fallback_order(cfg.dispatch_choices, prec)
+    given_back: list[str] = []
+    stage.enter("the accuracy gate")
+    with tempfile.TemporaryDirectory(prefix="tvmopt-gate-") as tmp:
+        for step in range(g.MAX_FALLBACK_STEPS + 2):
+            lower = [c for c in cfg.dispatch_choices
+                     if c.choice == "library" and c.precision == prec]
+            if not lower:
+                rec.result = f"fp32: {prec} given back on every kernel"
+                log(f"precision {prec}: gate: {rec.result}")
+                break
+            # A fresh path per attempt: a library loaded from a path is not loaded again.
+            art = write_artifact(Path(tmp) / f"attempt{step}", ex, manifest_of(cfg, plan, replay),
+                                 cc=cc)
+            err, worst, rec.reference = g.measure(str(art.path), opts.model, feeds)
+            ok = err <= limit
+            rec.attempts.append(g.Attempt(len(lower), err, ok, worst))
+            log(f"precision {prec}: gate: error {err:.3g} ({g.METRIC}, vs {rec.reference} on "
+                f"{described} inputs) with {len(lower)} {prec} library workload(s); limit "
+                f"{limit:g} ({rec.limit_from}): {'passed' if ok else 'over the limit'}")
+            if ok:
+                rec.result = f"kept {prec} on {len(lower)} library workload(s)"
+                break
+            remaining = [k for k in order if k not in given_back]
+            last = step >= g.MAX_FALLBACK_STEPS
+            give = remaining if last else remaining[: max(1, (len(remaining) + 1) // 2)]
+            given_back += give
+            log(f"precision {prec}: gate: {len(give)} workload(s) back to fp32, rebuilding")
+            cfg = config(given_back)
+            plan, replay, ex = build_all(cfg, lambda s: None)
+    rec.fp32_only = list(given_back)
+    return cfg, plan, replay, ex, rec
 
 
 def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, int] | None = None):

@@ -49,6 +49,7 @@ def plan_model(model, hw: HardwareTarget, precision: str = "auto",
     from ..frontend.onnx_model import resolve_input_shapes
     from ..precision.kernel_plan import make_plan
     from ..precision.policy import parse
+    from ..precision.schemes import library_compute
 
     parse(precision)
     dims = dict(dims or {})
@@ -68,12 +69,18 @@ def plan_model(model, hw: HardwareTarget, precision: str = "auto",
         except TvmoptError:
             # Some graphs only import with symbolic dims: import as compile does, then bind them.
             mod, used_dims = _import_bound(import_onnx(proto, dict(shapes or {})).mod, dims)
-    fused = pipeline.optimize(mod, hw.to_tvm(), pipeline.PipelineConfig(), until=pipeline.FRONT_HALF)
-    plan = make_plan(fused, hw, precision, dims)
-    plan.dims = used_dims  # the model's symbolic dims, as bound for the import
+    fused = pipeline.optimize(mod, hw.to_tvm(), pipeline.PipelineConfig(dispatch="codegen"),
+                              until=pipeline.FRONT_HALF)
+    choices, notes = [], []
     if dispatch != "codegen":
-        cfg = pipeline.PipelineConfig(dispatch=dispatch)
+        # The library kernels' choices (and the precisions decided by timing them) first: the
+        # plan reports them beside the roofline's kernels.
+        cfg = pipeline.PipelineConfig(dispatch=dispatch,
+                                      library_compute=library_compute(hw, precision))
         pipeline.optimize(mod, hw.to_tvm(), cfg, until="dispatch")
-        plan.dispatch = [c.to_json() for c in cfg.dispatch_choices]
-        plan.dispatch_notes = list(cfg.notes)
+        choices, notes = cfg.dispatch_choices, list(cfg.notes)
+    plan = make_plan(fused, hw, precision, dims, library=choices)
+    plan.dims = used_dims  # the model's symbolic dims, as bound for the import
+    plan.dispatch = [c.to_json() for c in choices]
+    plan.dispatch_notes = notes
     return plan
