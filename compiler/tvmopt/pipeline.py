@@ -15,7 +15,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import stage
+from . import fallbacks, stage
 from .errors import BuildError
 
 
@@ -133,6 +133,8 @@ def _dispatch_library(target, cfg):
                     "default schedules used for every kernel")
             if note not in cfg.notes:
                 cfg.notes.append(note)
+            fallbacks.record("library_unavailable", "oneDNN",
+                             f"the build host is {platform.machine()}, not x86")
             return mod
         try:
             onednn.load_extension()
@@ -141,6 +143,7 @@ def _dispatch_library(target, cfg):
             note = f"oneDNN unavailable ({reason}): default schedules used for every kernel"
             if note not in cfg.notes:
                 cfg.notes.append(note)
+            fallbacks.record("library_unavailable", "oneDNN", reason)
             return mod
         part = onednn.partition(mod)
         # The kernels' own small builds are not phases of this compile: keep them out of the
@@ -307,10 +310,13 @@ def record_phases():
 
 @contextlib.contextmanager
 def _unrecorded():
+    # Trial builds are not this compile's pipeline: neither their phases nor their fallbacks
+    # (a kernel timed there may end up on the library) belong to its record.
     saved = list(_listeners)
     _listeners.clear()
     try:
-        yield
+        with fallbacks.paused():
+            yield
     finally:
         _listeners.extend(saved)
 

@@ -105,14 +105,21 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     Raises:
         TvmoptError: any user-facing failure (model, op, shape, target, build, verification).
     """
-    from .. import pipeline
+    from .. import fallbacks
+
+    # Every fallback this compile's own pipeline takes is recorded; the manifest lists them.
+    with fallbacks.collect() as events:
+        return _compile_model(opts, log, events)
+
+
+def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
+    from .. import fallbacks, pipeline
     from ..frontend import model_file
-    from ..passes.schedule_guard import take_fallbacks
     from ..precision.kernel_plan import make_plan
     from ..precision.rewrites import passes_for
     from ..runtime.artifact import write_artifact
     from .accuracy import accuracy_report
-    from .manifest import cuda_report, kernels_manifest, precision_manifest, schedule_fallbacks
+    from .manifest import cuda_report, fallbacks_manifest, kernels_manifest, precision_manifest
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -122,7 +129,6 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         from ..targets.cuda import enable_cuda_codegen
 
         enable_cuda_codegen()
-    take_fallbacks()  # start this build's record empty
     stage.enter("import", opts.model)
     model = model_file.load(opts.model)
     imported = model_file.import_loaded(model, opts.shapes, opts.allow_newer_opset)
@@ -180,7 +186,8 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         replay = replay_database(opts.db, hw, fused, opts.require_db, loaded=loaded)
         from ..tuning.prefer import prefer_default_where_faster
 
-        replay.compared = prefer_default_where_faster(replay, hw, fused, prepack)
+        with fallbacks.paused():  # its trial builds are not the artifact's
+            replay.compared = prefer_default_where_faster(replay, hw, fused, prepack)
         cfg.database = replay.db
         dropped = [c.task for c in replay.compared if not c.kept]
         if replay.compared:
@@ -211,7 +218,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         "tuning": {"database": None},
     }
     manifest["plan"] = plan.to_json()
-    manifest["schedule_fallbacks"] = schedule_fallbacks(log)
+    manifest["fallbacks"], manifest["schedule_fallbacks"] = fallbacks_manifest(events, log)
     extra = {}
     if hw.device == "cuda":
         extra["kernels.cu"], manifest["cuda"] = cuda_report(ex, hw, plan, log)
@@ -223,7 +230,8 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     timings["export_s"] = time.perf_counter() - t2
     if plan.precision != "fp32" or any(k.integer_matmul for k in plan.kernels):
         t3 = time.perf_counter()
-        accuracy_report(art, imported, cfg, hw, opts, log)
+        with fallbacks.paused():  # the fp32 reference build is not the artifact's
+            accuracy_report(art, imported, cfg, hw, opts, log)
         timings["accuracy_s"] = time.perf_counter() - t3
     result = CompileResult(art, timings, replay=replay)
     if opts.verify:

@@ -14,7 +14,8 @@ Usage::
         mod = dl.ApplyDefaultSchedule(*default_rules())(mod)
 
 Every rule returns None for anything it does not recognise, and any schedule error
-makes it return None as well, so the next rule (or the unscheduled loop nest) is used.
+makes it return None as well, so the next rule (or the unscheduled loop nest) is used; an
+error is a fallback the user should see, so it is recorded (tvmopt.fallbacks) first.
 Schedule primitives check their own legality, so a rule can be slow but not wrong.
 """
 
@@ -30,13 +31,17 @@ from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr, normalize_
 from tvm.target import Target
 from tvm.target.codegen import llvm_get_vector_width
 
+from .. import fallbacks
+
 # TVMOPT_DEBUG_RULES=1 prints why a rule fell through (the kernel goes to the next rule).
 _DEBUG = os.environ.get("TVMOPT_DEBUG_RULES", "") not in ("", "0")
 
 
-def _fell_through():
+def _fell_through(rule, func, err):
+    """Record that `rule` raised on `func` and decline it, so the next rule gets the kernel."""
     if _DEBUG:
         traceback.print_exc()
+    fallbacks.record("schedule_rule", fallbacks.kernel_name(func), err, rule=type(rule).__name__)
     return None
 
 
@@ -307,8 +312,8 @@ class ContractionRule(ScheduleRule):
             return None
         try:
             return self._apply(func, target)
-        except Exception:  # pylint: disable=broad-except
-            return _fell_through()
+        except Exception as err:  # pylint: disable=broad-except
+            return _fell_through(self, func, err)
 
     def _apply(self, func, target, pad=True):
         params = self.params or CPUParams.from_target(target)
@@ -629,8 +634,8 @@ class ElementwiseRule(ScheduleRule):
                 dtype = sch.get(info.block_rv).writes[0].source.dtype
                 _parallel_vectorize(sch, info.block_rv, params.lanes(dtype))
             return sch
-        except Exception:  # pylint: disable=broad-except
-            return _fell_through()
+        except Exception as err:  # pylint: disable=broad-except
+            return _fell_through(self, func, err)
 
 
 def post_schedule_passes():
@@ -638,7 +643,7 @@ def post_schedule_passes():
 
     SplitLayoutRewritePreproc asserts on some kernels it has nothing to do with (TopK's), so it
     runs only on modules holding a packing block, and if it still refuses, the packing stays
-    inside its kernel: correct, done on every call instead of once.
+    inside its kernel: correct, done on every call instead of once (recorded as a fallback).
     """
 
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.FoldWeightPacking")
@@ -651,7 +656,9 @@ def post_schedule_passes():
             return tvm.ir.transform.Sequential([
                 relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant(),
                 relax.transform.DeadCodeElimination()])(mod)
-        except Exception:  # pylint: disable=broad-except
+        except Exception as err:  # pylint: disable=broad-except
+            fallbacks.record("post_schedule_pass", "tvmopt.FoldWeightPacking", err,
+                             instead="weights are re-packed inside their kernels on every call")
             return mod
 
     return [fold_packing]
