@@ -59,6 +59,10 @@ class PipelineConfig:
     # the per-kernel library/codegen decisions with their timings.
     notes: list = field(default_factory=list)
     dispatch_choices: list = field(default_factory=list)
+    # The targets/ entry (targets.registry.HardwareTarget) the default schedules read their
+    # vector width and register count from. None: found from the TVM target (its preset,
+    # or this host's description), as for the trial builds that carry no entry.
+    hw: object | None = None
 
     def __post_init__(self):
         if self.exec_mode not in EXEC_MODES:
@@ -212,7 +216,9 @@ def _schedule_cpu(target, cfg):
     # GEMV/Reduction (GEMV asserts on some fused reductions, e.g. ReduceLogSumExp keepdims).
     # Kernels a database already scheduled are skipped; a kernel no rule takes keeps LLVM's
     # default loop nest: correct, unvectorized.
-    rules = [guarded(r) for r in cpu.default_rules(cpu.CPUParams.from_target(target))]
+    params = (cpu.CPUParams.from_hardware(cfg.hw) if cfg.hw is not None
+              else cpu.CPUParams.from_target(target))
+    rules = [guarded(r) for r in cpu.default_rules(params)]
     # The rules pack weights through layout-rewrite blocks: fold those into the constants.
     return [dl.ApplyDefaultSchedule(*rules), *cpu.post_schedule_passes()]
 

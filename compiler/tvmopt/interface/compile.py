@@ -147,7 +147,7 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
     prepack = db_weight_prepack(opts.db) if opts.db else False
     # A database's records were tuned on the NCHW functions `tune` extracted: keep that layout.
     cfg = pipeline.PipelineConfig(weight_prepack=prepack, dispatch=opts.dispatch,
-                                  channels_last=not opts.db)
+                                  channels_last=not opts.db, hw=hw)
     loaded = None
     if opts.db:
         from ..tuning.replay import load_database
