@@ -15,7 +15,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import stage
+from . import fallbacks, stage
 from .errors import BuildError
 
 
@@ -65,6 +65,10 @@ class PipelineConfig:
     library_compute: tuple = ("fp32",)
     fp32_only: frozenset = frozenset()
     retime: bool = False
+    # The targets/ entry (targets.registry.HardwareTarget) the default schedules read their
+    # vector width and register count from. None: found from the TVM target (its preset,
+    # or this host's description), as for the trial builds that carry no entry.
+    hw: object | None = None
 
     def __post_init__(self):
         if self.exec_mode not in EXEC_MODES:
@@ -139,6 +143,8 @@ def _dispatch_library(target, cfg):
                     "default schedules used for every kernel")
             if note not in cfg.notes:
                 cfg.notes.append(note)
+            fallbacks.record("library_unavailable", "oneDNN",
+                             f"the build host is {platform.machine()}, not x86")
             return mod
         try:
             onednn.load_extension()
@@ -147,6 +153,7 @@ def _dispatch_library(target, cfg):
             note = f"oneDNN unavailable ({reason}): default schedules used for every kernel"
             if note not in cfg.notes:
                 cfg.notes.append(note)
+            fallbacks.record("library_unavailable", "oneDNN", reason)
             return mod
         part = onednn.partition(mod)
         # The two sides of each timing, built the way the final module may be. With a
@@ -224,7 +231,9 @@ def _schedule_cpu(target, cfg):
     # GEMV/Reduction (GEMV asserts on some fused reductions, e.g. ReduceLogSumExp keepdims).
     # Kernels a database already scheduled are skipped; a kernel no rule takes keeps LLVM's
     # default loop nest: correct, unvectorized.
-    rules = [guarded(r) for r in cpu.default_rules(cpu.CPUParams.from_target(target))]
+    params = (cpu.CPUParams.from_hardware(cfg.hw) if cfg.hw is not None
+              else cpu.CPUParams.from_target(target))
+    rules = [guarded(r) for r in cpu.default_rules(params)]
     # The rules pack weights through layout-rewrite blocks: fold those into the constants.
     return [dl.ApplyDefaultSchedule(*rules), *cpu.post_schedule_passes()]
 
@@ -322,11 +331,14 @@ def record_phases():
 
 @contextlib.contextmanager
 def unrecorded():
-    """Phases run inside the block (the compile-time timing builds) are not recorded."""
+    """Phases run inside the block (the compile-time timing builds) are not recorded: trial
+    builds are not this compile's pipeline, so neither their phases nor their fallbacks (a
+    kernel timed there may end up on the library) belong to its record."""
     saved = list(_listeners)
     _listeners.clear()
     try:
-        yield
+        with fallbacks.paused():
+            yield
     finally:
         _listeners.extend(saved)
 

@@ -6,6 +6,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .console import console, fitted_table
+from .fallbacks import counts
 from .targets.registry import wider_host_preset
 
 
@@ -73,6 +74,8 @@ def print_compile_result(result, shown_path: str | None = None) -> None:
                       f"{kernels.get('layout')})")
         for note in kernels.get("notes") or []:
             console.print(f"  note: {note}")
+    if "fallbacks" in m:  # artifacts from before the record have no count to show
+        console.print(f"  fallbacks: {fallback_summary(m['fallbacks'])}")
     wider = wider_host_preset(t["name"])
     if wider is not None:
         extra = ", ".join(sorted(set(wider.features) - set(t.get("features") or ())))
@@ -93,6 +96,14 @@ def print_compile_result(result, shown_path: str | None = None) -> None:
         for e in result.verification:
             console.print(f"  verify {escape(e.name)}: max abs err {e.max_abs:.2e}, max rel err "
                           f"{e.max_rel:.2e} vs {ref} [green]ok[/]")
+
+
+def fallback_summary(records: list[dict]) -> str:
+    """'none', or the count by kind: what compile's summary says about the manifest's list."""
+    if not records:
+        return "none"
+    by_kind = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts(records).items())
+    return f"{len(records)} ({by_kind}); the manifest's 'fallbacks' names each"
 
 
 def print_outputs(outs: dict, path: str | None) -> None:

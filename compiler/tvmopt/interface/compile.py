@@ -110,14 +110,21 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     Raises:
         TvmoptError: any user-facing failure (model, op, shape, target, build, verification).
     """
-    from .. import pipeline
+    from .. import fallbacks
+
+    # Every fallback this compile's own pipeline takes is recorded; the manifest lists them.
+    with fallbacks.collect() as events:
+        return _compile_model(opts, log, events)
+
+
+def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
+    from .. import fallbacks, pipeline
     from ..frontend import model_file
-    from ..passes.schedule_guard import take_fallbacks
     from ..precision.kernel_plan import make_plan
     from ..precision.schemes import library_compute, passes_for
     from ..runtime.artifact import write_artifact
     from .accuracy import accuracy_report
-    from .manifest import cuda_report, kernels_manifest, precision_manifest, schedule_fallbacks
+    from .manifest import cuda_report, fallbacks_manifest, kernels_manifest, precision_manifest
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -127,7 +134,6 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         from ..targets.cuda import enable_cuda_codegen
 
         enable_cuda_codegen()
-    take_fallbacks()  # start this build's record empty
     stage.enter("import", opts.model)
     model = model_file.load(opts.model)
     imported = model_file.import_loaded(model, opts.shapes, opts.allow_newer_opset)
@@ -152,7 +158,8 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         # A database's records were tuned on the NCHW functions `tune` extracted: keep that layout.
         return pipeline.PipelineConfig(weight_prepack=prepack, dispatch=opts.dispatch,
                                        channels_last=not opts.db, library_compute=compute,
-                                       fp32_only=frozenset(fp32_only), retime=opts.retime)
+                                       fp32_only=frozenset(fp32_only), retime=opts.retime,
+                                       hw=hw)
 
     cfg = config()
     loaded = None
@@ -199,7 +206,8 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
 
             t_db = time.perf_counter()
             replay = replay_database(opts.db, hw, fused, opts.require_db, loaded=loaded)
-            replay.compared = prefer_default_where_faster(replay, hw, fused, prepack)
+            with fallbacks.paused():  # its trial builds are not the artifact's
+                replay.compared = prefer_default_where_faster(replay, hw, fused, prepack)
             cfg.database = replay.db
             dropped = [c.task for c in replay.compared if not c.kept]
             if replay.compared:
@@ -249,7 +257,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     manifest = manifest_of(cfg, plan, replay)
     if gate is not None:
         manifest["precision"]["gate"] = gate.to_json()
-    manifest["schedule_fallbacks"] = schedule_fallbacks(log)
+    manifest["fallbacks"], manifest["schedule_fallbacks"] = fallbacks_manifest(events, log)
     extra = {}
     if hw.device == "cuda":
         extra["kernels.cu"], manifest["cuda"] = cuda_report(ex, hw, plan, log)
@@ -259,7 +267,8 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
     timings["export_s"] = time.perf_counter() - t2
     if plan.precision not in ("fp32", "bf16") or any(k.integer_matmul for k in plan.kernels):
         t3 = time.perf_counter()
-        accuracy_report(art, imported, cfg, hw, opts, log)
+        with fallbacks.paused():  # the fp32 reference build is not the artifact's
+            accuracy_report(art, imported, cfg, hw, opts, log)
         timings["accuracy_s"] = time.perf_counter() - t3
     result = CompileResult(art, timings, replay=replay, gate=gate)
     if opts.verify:

@@ -1,4 +1,4 @@
-"""Manifest sections of `compile`: the precision decisions, schedule fallbacks and the CUDA report."""
+"""Manifest sections of `compile`: the precision decisions, fallbacks and the CUDA report."""
 
 from __future__ import annotations
 
@@ -35,16 +35,25 @@ def kernels_manifest(cfg, replay=None) -> dict:
             "notes": list(cfg.notes)}
 
 
-def schedule_fallbacks(log=print) -> list[dict]:
-    """Kernels whose preferred dlight rule failed during this build (printed, for the manifest)."""
-    from ..passes.schedule_guard import take_fallbacks
+def fallbacks_manifest(events, log=print) -> tuple[list[dict], list[dict]]:
+    """The manifest's `fallbacks` (every kind, see tvmopt.fallbacks) and `schedule_fallbacks`
+    (the schedule-rule ones in their older form: rule, kernel, error); each is printed.
 
-    out = take_fallbacks()
-    for f in out:
-        why = " (no tensor cores)" if f["rule"] == "Matmul" else ""
-        log(f"schedule: {f['rule']} failed on {f['kernel']} ({f['error']}); "
-            f"the kernel uses the next dlight rule{why}")
-    return out
+    Args:
+        events: the Fallback records one compile collected.
+    """
+    out, schedule = [], []
+    for f in events:
+        out.append(f.to_json())
+        if f.kind == "schedule_rule":
+            schedule.append({"rule": f.rule, "kernel": f.where, "error": f.reason})
+            why = " (no tensor cores)" if f.rule == "Matmul" else ""
+            log(f"fallback: schedule rule {f.rule} failed on {f.where} ({f.reason}); "
+                f"the kernel uses the next rule{why}")
+        elif f.kind != "library_unavailable":  # already printed as a note, with its reason
+            log(f"fallback: {f.kind.replace('_', ' ')} {f.where} failed ({f.reason}): "
+                f"{f.to_json()['instead']}")
+    return out, schedule
 
 
 def cuda_report(executable, hw: HardwareTarget, plan, log=print) -> tuple[bytes, dict]:

@@ -14,13 +14,15 @@ Usage::
         mod = dl.ApplyDefaultSchedule(*default_rules())(mod)
 
 Every rule returns None for anything it does not recognise, and any schedule error
-makes it return None as well, so the next rule (or the unscheduled loop nest) is used.
+makes it return None as well, so the next rule (or the unscheduled loop nest) is used; an
+error is a fallback the user should see, so it is recorded (tvmopt.fallbacks) first.
 Schedule primitives check their own legality, so a rule can be slow but not wrong.
 """
 
 import os
 import re
 import traceback
+from dataclasses import dataclass
 
 import tvm
 from tvm import relax, s_tir, tirx
@@ -28,15 +30,19 @@ from tvm.s_tir.dlight import ScheduleRule
 from tvm.s_tir.dlight import cpu as dl_cpu
 from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr, normalize_prim_func
 from tvm.target import Target
-from tvm.target.codegen import llvm_get_vector_width
+from tvm.target.codegen import llvm_cpu_has_features, llvm_get_vector_width
+
+from .. import fallbacks
 
 # TVMOPT_DEBUG_RULES=1 prints why a rule fell through (the kernel goes to the next rule).
 _DEBUG = os.environ.get("TVMOPT_DEBUG_RULES", "") not in ("", "0")
 
 
-def _fell_through():
+def _fell_through(rule, func, err):
+    """Record that `rule` raised on `func` and decline it, so the next rule gets the kernel."""
     if _DEBUG:
         traceback.print_exc()
+    fallbacks.record("schedule_rule", fallbacks.kernel_name(func), err, rule=type(rule).__name__)
     return None
 
 
@@ -45,48 +51,126 @@ def _fell_through():
 # ---------------------------------------------------------------------------------------
 
 
-_AVX512_CPUS = {
-    "skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
-    "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
-    "graniterapids", "znver4", "znver5", "x86-64-v4",
-}
-_AVX2_CPUS = {
-    "haswell", "broadwell", "skylake", "core-avx2", "alderlake", "raptorlake", "meteorlake",
-    "znver1", "znver2", "znver3", "x86-64-v3",
-}
+# The widest vector ISA a feature names, widest first (targets/*.toml `features`, LLVM names).
+_VECTOR_BITS = (("avx512f", 512), ("avx2", 256), ("neon", 128))
 
 
+def _default_registers(bits: int, arch: str) -> int:
+    """Vector registers when the target's data does not say: AArch64 has 32 V registers
+    (Arm ARM), x86-64 has 32 ZMM with AVX-512 and 16 XMM/YMM without (Intel SDM)."""
+    return 32 if bits >= 512 or arch in ("aarch64", "arm64") else 16
+
+
+def _isa_vector_bits(target: Target) -> int | None:
+    """The widest vector ISA the TVM target's mcpu/mattr has, asked of LLVM (None: unknown)."""
+    mattr = {str(a).lstrip("+") for a in (target.attrs.get("mattr", None) or [])
+             if not str(a).startswith("-")}
+    for feature, bits in _VECTOR_BITS:
+        if feature in mattr:
+            return bits
+        try:
+            if llvm_cpu_has_features(feature, target):
+                return bits
+        except Exception:  # pylint: disable=broad-except - LLVM built without that backend
+            continue
+    return None
+
+
+def _arch_of(target: Target) -> str:
+    triple = str(target.attrs.get("mtriple", "") or "")
+    if not triple:
+        from ..targets.registry import host_arch
+
+        return host_arch()
+    return {"arm64": "aarch64"}.get(triple.split("-")[0], triple.split("-")[0])
+
+
+@dataclass(frozen=True)
 class CPUParams:
-    """What the schedules need to know about the CPU."""
+    """What the schedules need to know about the CPU, read from its target data.
 
-    def __init__(self, vector_bits: int, num_vector_regs: int):
-        self.vector_bits = vector_bits
-        self.num_vector_regs = num_vector_regs
+    Attributes:
+        vector_bits: width of one vector register.
+        num_vector_regs: vector registers the register tile may use (see register_tile).
+        l1d_kb, l2_kb: per-core data caches (None: the target's file does not list them).
+    """
+
+    vector_bits: int
+    num_vector_regs: int
+    l1d_kb: float | None = None
+    l2_kb: float | None = None
+
+    @staticmethod
+    def from_hardware(hw) -> "CPUParams":
+        """Read from a targets/ entry (tvmopt.targets.registry.HardwareTarget).
+
+        The vector width is the widest of the ISA its `features` list and the one its TVM
+        target's mcpu/mattr has: the code is generated for the latter, and `host` lists the
+        features of the preset it matched, which may be narrower than this CPU. The register
+        count is `compute.vector_registers` where the file describes registers of that width.
+        """
+        target = hw.to_tvm()
+        listed = next((b for f, b in _VECTOR_BITS if f in hw.features), None)
+        isa = _isa_vector_bits(target)
+        bits = max([b for b in (listed, isa) if b] or [0]) or _unknown_isa_bits(target, hw.arch)
+        regs = hw.compute.get("vector_registers")
+        num = int(regs.value) if regs and bits == listed else _default_registers(bits, hw.arch)
+        cache = {k: hw.memory[k].value if k in hw.memory else None for k in ("l1d_kb", "l2_kb")}
+        return CPUParams(bits, num, **cache)
 
     @staticmethod
     def from_target(target: Target) -> "CPUParams":
-        mcpu = str(target.attrs.get("mcpu", "") or "")
-        mattr = [str(a) for a in (target.attrs.get("mattr", None) or [])]
-        triple = str(target.attrs.get("mtriple", "") or "")
-        if triple.startswith(("aarch64", "arm64")) or any("neon" in a for a in mattr):
-            return CPUParams(128, 32)
-        # llvm_get_vector_width answers for the host, not for the mcpu asked for, so the
-        # ISA named in the target wins.
-        if "+avx512f" in mattr or mcpu in _AVX512_CPUS:
-            return CPUParams(512, 32)
-        if "+avx2" in mattr or mcpu in _AVX2_CPUS:
-            return CPUParams(256, 16)
-        bits = 0
-        try:
-            bits = int(llvm_get_vector_width(target))
-        except Exception:  # pylint: disable=broad-except
-            bits = 0
-        if bits <= 0:
-            bits = 128
-        return CPUParams(bits, 32 if bits >= 512 else 16)
+        """For a bare TVM target: the targets/ preset it was made from (same triple, mcpu and
+        mattr), or this host's description when it names this CPU; otherwise what its mcpu
+        and mattr have, as LLVM knows them."""
+        key = str(target.attrs.get("mtriple", "") or ""), str(target.attrs.get("mcpu", "") or ""), \
+            tuple(sorted(str(a) for a in (target.attrs.get("mattr", None) or [])))
+        if key not in _FROM_TARGET:
+            hw = _hardware_of(*key)
+            if hw is not None:
+                _FROM_TARGET[key] = CPUParams.from_hardware(hw)
+            else:
+                arch = _arch_of(target)
+                bits = _isa_vector_bits(target) or _unknown_isa_bits(target, arch)
+                _FROM_TARGET[key] = CPUParams(bits, _default_registers(bits, arch))
+        return _FROM_TARGET[key]
 
     def lanes(self, dtype: str) -> int:
         return max(self.vector_bits // tvm_dtype_bits(dtype), 1)
+
+
+_FROM_TARGET: dict[tuple, CPUParams] = {}
+
+
+def _hardware_of(triple: str, mcpu: str, mattr: tuple):
+    """The targets/ entry a TVM target was made from, or None."""
+    from tvm.target.codegen import llvm_get_system_cpu
+
+    from ..targets.registry import detect_host, host_arch, load_targets
+
+    for hw in load_targets().values():
+        t = hw.tvm
+        if hw.device == "cpu" and (str(t.get("mtriple", "")), str(t.get("mcpu", "")),
+                                   tuple(sorted(t.get("mattr", ())))) == (triple, mcpu, mattr):
+            return hw
+    if mcpu == llvm_get_system_cpu() and (not triple or triple.split("-")[0] == host_arch()):
+        host = detect_host()  # its -mattr: the matrix/dot-product features the CPU reports
+        if not mattr or mattr == tuple(sorted(host.tvm.get("mattr", ()))):
+            return host
+    return None
+
+
+def _unknown_isa_bits(target: Target, arch: str) -> int:
+    """The vector width when neither the data nor LLVM names a vector ISA: NEON's on AArch64
+    (always present there), else LLVM's width, 128 when it cannot say. LLVM answers for the
+    host, not for the mcpu asked for, so it is the last resort."""
+    if arch in ("aarch64", "arm64"):
+        return 128
+    try:
+        bits = int(llvm_get_vector_width(target))
+    except Exception:  # pylint: disable=broad-except - not an LLVM target
+        bits = 0
+    return bits if bits > 0 else 128
 
 
 def tvm_dtype_bits(dtype) -> int:
@@ -307,8 +391,8 @@ class ContractionRule(ScheduleRule):
             return None
         try:
             return self._apply(func, target)
-        except Exception:  # pylint: disable=broad-except
-            return _fell_through()
+        except Exception as err:  # pylint: disable=broad-except
+            return _fell_through(self, func, err)
 
     def _apply(self, func, target, pad=True):
         params = self.params or CPUParams.from_target(target)
@@ -629,8 +713,8 @@ class ElementwiseRule(ScheduleRule):
                 dtype = sch.get(info.block_rv).writes[0].source.dtype
                 _parallel_vectorize(sch, info.block_rv, params.lanes(dtype))
             return sch
-        except Exception:  # pylint: disable=broad-except
-            return _fell_through()
+        except Exception as err:  # pylint: disable=broad-except
+            return _fell_through(self, func, err)
 
 
 def post_schedule_passes():
@@ -638,7 +722,7 @@ def post_schedule_passes():
 
     SplitLayoutRewritePreproc asserts on some kernels it has nothing to do with (TopK's), so it
     runs only on modules holding a packing block, and if it still refuses, the packing stays
-    inside its kernel: correct, done on every call instead of once.
+    inside its kernel: correct, done on every call instead of once (recorded as a fallback).
     """
 
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.FoldWeightPacking")
@@ -651,7 +735,9 @@ def post_schedule_passes():
             return tvm.ir.transform.Sequential([
                 relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant(),
                 relax.transform.DeadCodeElimination()])(mod)
-        except Exception:  # pylint: disable=broad-except
+        except Exception as err:  # pylint: disable=broad-except
+            fallbacks.record("post_schedule_pass", "tvmopt.FoldWeightPacking", err,
+                             instead="weights are re-packed inside their kernels on every call")
             return mod
 
     return [fold_packing]

@@ -4,14 +4,13 @@ TVM 0.27's tensor-core matmul rule (`dl.gpu.Matmul`) raises on some fp16 kernels
 batch dimension (e.g. a fused 1x1 conv2d + bias + clip: "All the statements in the scope are
 schedulable statements"), which fails the whole build. Guarded, that kernel falls through to the
 next rule (GEMV/Reduction/GeneralReduction/Fallback: correct, without tensor cores) and the
-fallback is recorded, so `compile` prints it and stores it in the manifest instead of hiding it.
+fallback is recorded (tvmopt.fallbacks), so `compile` prints it and stores it in the manifest
+instead of hiding it.
 """
 
 from __future__ import annotations
 
-import re
-
-_FALLBACKS: list[dict] = []
+from .. import fallbacks
 
 
 def guarded(rule):
@@ -23,23 +22,11 @@ def guarded(rule):
             try:
                 return rule.apply(func, target, tunable)
             except Exception as err:  # noqa: BLE001 - TVM raises TVMError/InternalError subclasses
-                name = func.attrs.get("global_symbol") if func.attrs is not None else None
-                if not name:  # dlight sees the PrimFunc without its name: list its blocks
-                    blocks = re.findall(r'T\.sblock\("(\w+)"\)', func.script())
-                    name = "kernel with blocks " + ",".join(b for b in blocks if b != "root")[:80]
-                lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-                _FALLBACKS.append({"rule": type(rule).__name__, "kernel": str(name),
-                                   "error": (lines[-1] if lines else type(err).__name__)[:200]})
+                fallbacks.record("schedule_rule", fallbacks.kernel_name(func), err,
+                                 rule=type(rule).__name__)
                 return None
 
         def is_target_available(self, target):
             return rule.is_target_available(target)
 
     return Guarded()
-
-
-def take_fallbacks() -> list[dict]:
-    """The fallbacks recorded since the last call (and forget them)."""
-    out = list(_FALLBACKS)
-    _FALLBACKS.clear()
-    return out

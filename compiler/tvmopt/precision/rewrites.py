@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import fallbacks
 from ..targets.registry import HardwareTarget
 
 
@@ -135,7 +136,8 @@ def _matrix_ops_fp16(mod):
 def fp16_pass():
     """Relax ToMixedPrecision (fp16, fp32 accumulation). TVM 0.27's pass rejects modules whose
     main calls TIR directly (call_tir, which the ONNX importer emits for Clip); those get the
-    same treatment for matmul/conv2d only, the ops that run on tensor cores."""
+    same treatment for matmul/conv2d only, the ops that run on tensor cores (recorded as a
+    fallback: the other ops stay fp32)."""
     import tvm
     from tvm import relax
 
@@ -143,7 +145,9 @@ def fp16_pass():
     def transform(mod, _ctx):
         try:
             return relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
-        except Exception:  # noqa: BLE001 - TVM raises InternalError on call_tir arguments
+        except Exception as err:  # noqa: BLE001 - TVM raises InternalError on call_tir arguments
+            fallbacks.record("precision_rewrite", "relax.transform.ToMixedPrecision", err,
+                             instead="fp16 for matmul and conv2d only; every other op stays fp32")
             return _matrix_ops_fp16(mod)
 
     return transform

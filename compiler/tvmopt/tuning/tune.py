@@ -41,7 +41,7 @@ def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False
     target = hw.to_tvm()
     # channels_last=False: the layout compile uses with a database (pipeline.PipelineConfig).
     cfg = pipeline.PipelineConfig(weight_prepack=weight_prepack, channels_last=False,
-                                  dispatch=dispatch)
+                                  dispatch=dispatch, hw=hw)
     mod = pipeline.optimize(imported.mod, target, cfg, until=TUNE_AFTER_PHASE)
     if notes is not None:
         notes.extend(cfg.notes)
