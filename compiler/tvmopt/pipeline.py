@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import stage
-from .errors import BuildError
+from .errors import BuildError, error_line
 
 
 # Relax VM execution modes. "compiled" removes the interpreter but measured no faster on the
@@ -137,7 +137,7 @@ def _dispatch_library(target, cfg):
         try:
             onednn.load_extension()
         except Exception as err:  # noqa: BLE001 - a missing library falls back, never fails
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            reason = error_line(err)
             note = f"oneDNN unavailable ({reason}): default schedules used for every kernel"
             if note not in cfg.notes:
                 cfg.notes.append(note)
@@ -383,7 +383,7 @@ def build(mod, target, cfg: PipelineConfig | None = None,
     except BuildError:
         raise
     except Exception as err:
-        raise BuildError(f"optimization failed: {_last_line(err)}") from err
+        raise BuildError(f"optimization failed: {error_line(err)}") from err
     lower = tvm.transform.Sequential(dict(phases(device))["lower"](target, cfg), name="tvmopt.lower")
     _ran("lower")
     try:
@@ -392,9 +392,5 @@ def build(mod, target, cfg: PipelineConfig | None = None,
             return tvm.relax.build(mod, target=target, relax_pipeline=lower,
                                    exec_mode=cfg.exec_mode)
     except Exception as err:
-        raise BuildError(f"code generation for {target.kind.name} failed: {_last_line(err)}") from err
-
-
-def _last_line(err: Exception) -> str:
-    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else type(err).__name__
+        raise BuildError(f"code generation for {target.kind.name} failed: "
+                         f"{error_line(err)}") from err

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from ..errors import BuildError
+from ..errors import BuildError, last_line
 from ..targets.registry import host_arch
 
 LIBS = ("libtvm_runtime.so", "libtvm_ffi.so")
@@ -110,7 +110,7 @@ def _download(spec: dict, platform_tag: str, dest: Path, log) -> Path:
                f"{spec['project']}=={spec['version']}"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not path.exists():
-            last = (proc.stderr.strip().splitlines() or ["pip gave no reason"])[-1]
+            last = last_line(proc.stderr, "pip gave no reason")
             raise BuildError(f"cannot download {spec['file']} from PyPI ({last}); on a machine "
                              f"without network, put that file into {dest}")
     digest = sha256_path(path)

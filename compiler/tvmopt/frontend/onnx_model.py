@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelError, ShapeError
+from ..errors import ModelError, ShapeError, error_line
 
 
 def sha256_file(path: str | Path) -> str:
@@ -62,8 +62,7 @@ def load_onnx(path: str | Path):
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, UnicodeDecodeError) as err:  # a string field's bytes
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "invalid model"
-        raise ModelError(f"{p}: invalid ONNX model: {first}") from None
+        raise ModelError(f"{p}: invalid ONNX model: {error_line(err, 'invalid model')}") from None
     return model
 
 
