@@ -172,7 +172,7 @@ def _find_model(entry: dict, artifact_path: str) -> str | None:
     """The model an artifact was compiled from: beside the artifact or a bundled model, matched
     by the sha256 in the manifest (a same-named but different file is not used)."""
     from ..models import bundled
-    from ..frontend.onnx_model import sha256_file
+    from ..files import sha256_file
 
     beside = Path(artifact_path).parent / entry["file"]
     for cand in [beside, *bundled().values()]:

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BuildError, VerificationError, last_line
-from ..frontend.onnx_model import TensorInfo
 from ..runtime.artifact import MANIFEST
 from ..runtime.verify import OutputError, Tolerance, compare, run_onnxruntime
+from ..tensor_info import TensorInfo
 from .runner import NAME as RUNNER
 from .toolchain import missing_for_emulation, run_prefix
 

@@ -9,7 +9,8 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import ImportFailure, ShapeError, UnsupportedOpError, error_line
-from .onnx_model import TensorInfo, graph_outputs, resolve_input_shapes
+from ..tensor_info import TensorInfo
+from .onnx_model import graph_outputs, resolve_input_shapes
 
 # Ops the importer handles itself rather than through the converter map.
 _BUILTIN_OPS = {"If", "Constant", "Scan", "Loop"}  # Scan/Loop: onnx_ops.control_flow

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ImportFailure, ModelError, ShapeError, UnsupportedOpError, error_line
-from .onnx_model import TensorInfo
+from ..tensor_info import TensorInfo
 
 SUFFIXES = (".pt2",)
 FORMAT = "torch.export"
@@ -428,7 +428,7 @@ def describe(path, ep=None):
     parameters, matmul/conv FLOPs and the ops TVM's importer cannot convert."""
     from .. import stage
     from .model_info import ModelInfo
-    from .onnx_model import sha256_file
+    from ..files import sha256_file
 
     stage.enter("inspect", str(path))
     import torch

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import cache_root
+
 MARGIN = 0.95  # library chosen when library_ms < MARGIN * codegen_ms
 _CACHE_NAME = "dispatch-timings.json"
 # Changes when the way kernels are timed changes, so older cached timings are not reused.
@@ -47,10 +49,6 @@ class Choice:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TVMOPT_CACHE_DIR", Path("~/.cache/tvmopt").expanduser()))
 
 
 def _host_id() -> str:
@@ -90,7 +88,7 @@ class TimingCache:
     """A JSON file of measured kernel pairs; unreadable or foreign entries are ignored."""
 
     def __init__(self, path: Path | None = None):
-        self.path = path or cache_dir() / _CACHE_NAME
+        self.path = path or cache_root() / _CACHE_NAME
         try:
             self.data = json.loads(self.path.read_text())
             if not isinstance(self.data, dict):

@@ -32,6 +32,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
+from ..files import cache_root
 from .layout import _const_array, _static_f32_shape, channels_last, lift_clip
 
 CONV_FUNC = "tvmopt.onednn.conv2d"
@@ -136,8 +137,7 @@ def load_extension(cache_dir: str | os.PathLike | None = None, num_threads: int 
     if cache_dir is None and _loaded and num_threads is None:
         return next(iter(_loaded.values()))  # one extension per process is enough
     if cache_dir is None:
-        cache_dir = os.environ.get(
-            "TVMOPT_CACHE_DIR", str(Path("~/.cache/tvmopt").expanduser()))
+        cache_dir = cache_root()
     path = build_extension(cache_dir)
     # libgomp's default wait policy (spin briefly, then sleep) is kept: a model's kernels all
     # run on this one OpenMP team (share_pool), and waking sleeping workers for each of them

@@ -9,8 +9,9 @@ import numpy as np
 from .artifact import Artifact, read_artifact
 from ..errors import ArtifactError, RunError, ShapeError, error_line
 from ..frontend.narrow_types import by_name, contiguous, from_carrier, np_dtype, to_carrier
-from ..frontend.onnx_model import TensorInfo, nonfinite_line
+from ..frontend.onnx_model import nonfinite_line
 from ..targets.registry import check_host_can_run
+from ..tensor_info import TensorInfo
 
 
 def check_inputs(expected: list[TensorInfo], given: dict[str, np.ndarray]) -> dict[str, int]:
