@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ..errors import BuildError
 from ..files import cache_root
+from ..targets.cross import Toolchain
 from .runtime import Runtime
-from .toolchain import Toolchain
 
 SOURCE = Path(__file__).with_name("runner.cc")
 NAME = "tvmopt-run"
