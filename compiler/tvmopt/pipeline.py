@@ -19,8 +19,8 @@ from . import stage
 from .errors import BuildError, error_line
 
 
-# Relax VM execution modes. "compiled" removes the interpreter but measured no faster on the
-# bundled models (VM dispatch is ~0.1 us per call there; tools/profile_overhead.py): default stays.
+# Relax VM execution modes. "compiled" removes the interpreter, but VM dispatch is a negligible
+# share of a call on the bundled models (tools/profile_overhead.py measures it): default stays.
 EXEC_MODES = ("bytecode", "compiled")
 # Who computes the heavy CPU kernels (conv2d, matmul): tvmopt's default schedules ("codegen"),
 # oneDNN through a tvm-ffi extension wherever a pattern takes the kernel ("library"; the rest
@@ -111,7 +111,7 @@ def _layout(target, cfg):
     if not cfg.use_channels_last:
         return []
     # HWIO: the default schedules' weight packing reads it contiguously along the output
-    # channel (OHWI measured 45x slower there); oneDNN takes it as it is.
+    # channel (OHWI makes those reads strided, far slower); oneDNN takes it as it is.
     return layout.channels_last("HWIO")
 
 

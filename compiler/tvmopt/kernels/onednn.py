@@ -105,7 +105,7 @@ def build_extension(cache_dir: str | os.PathLike, onednn_root: str | None = None
     threading = _threading_runtime(inc)
     if threading not in ("OMP", "SEQ"):
         # TBB/SYCL builds need Intel runtimes that the PyPI wheels pull in separately
-        # (onednn 2026.x needs the DPC++ runtime); the thread control below assumes OpenMP.
+        # (a SYCL build needs the DPC++ runtime); the thread control below assumes OpenMP.
         raise RuntimeError(f"oneDNN at {inc.parent} uses {threading} threading; need OMP")
     cflags = ["-O3", "-DNDEBUG", "-fopenmp"]
     ldflags = [f"-L{lib}", "-ldnnl", f"-Wl,-rpath,{lib}", "-fopenmp", "-ldl"]
@@ -141,7 +141,7 @@ def load_extension(cache_dir: str | os.PathLike | None = None, num_threads: int 
     path = build_extension(cache_dir)
     # libgomp's default wait policy (spin briefly, then sleep) is kept: a model's kernels all
     # run on this one OpenMP team (share_pool), and waking sleeping workers for each of them
-    # (OMP_WAIT_POLICY=PASSIVE) made MobileNetV2 2x slower here.
+    # (OMP_WAIT_POLICY=PASSIVE) would add a wake-up to every kernel call.
     if path not in _loaded:
         # Keep the module object alive: the registered globals point into the library.
         _loaded[path] = tvm_ffi.load_module(path)

@@ -1,6 +1,6 @@
 // tvm-ffi extension that runs fp32 conv2d / matmul through oneDNN.
 //
-// Calling convention (shared with onednn_dispatch.py, keep in sync):
+// Calling convention (shared with kernels/onednn.py, keep in sync):
 //   tvmopt.onednn.conv2d(data, weight, [bias], [residual], attrs, out)
 //   tvmopt.onednn.matmul(a, b, [bias], attrs, out)
 // R.call_dps_packed appends the output after all listed arguments, so attrs comes before out.
@@ -8,9 +8,12 @@
 // (what R.shape([...]) becomes at run time) or an int64 tensor. Float attributes (clip bounds)
 // travel as the raw bits of a float32, because Shape entries are integers.
 //
-// Activations stay in the caller's plain layout. Weights are constants of the compiled
-// module, so they are reordered into oneDNN's preferred layout once and cached with the
-// primitive, keyed by the weight pointer plus shapes and attrs.
+// Activations come and go in the caller's plain layout (NCHW or NHWC for conv, row-major for
+// matmul). Matmul and conv layout mode 1 compute on them in place; conv layout mode 0 lets
+// oneDNN choose its own (often blocked) activation layout and reorders into it and back around
+// each call. Weights are constants of the compiled module, so they are reordered into oneDNN's
+// preferred layout once and cached with the primitive, keyed by the weight pointer plus shapes
+// and attrs.
 
 #include <dnnl.hpp>
 
@@ -307,7 +310,8 @@ std::shared_ptr<ConvEntry> CreateConv(const TensorView& data, const TensorView& 
   }
   e->user_src_md = memory::desc(src_dims, dt::f32, act_tag);
   e->user_dst_md = memory::desc(dst_dims, dt::f32, act_tag);
-  // layout 1 pins activations to NCHW (no reorders, but oneDNN may pick a slower kernel);
+  // layout 1 pins activations to the caller's layout (no reorders, but oneDNN may pick a
+  // slower kernel);
   // layout 0 lets oneDNN choose and reorders activations in and out around the call.
   bool plain = a[kConvLayout] == 1;
   memory::desc src_any = plain ? e->user_src_md : memory::desc(src_dims, dt::f32, tag::any);
