@@ -173,10 +173,6 @@ def extension_id() -> str:
     return hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
 
 
-def is_available() -> bool:
-    return tvm_ffi.get_global_func(CONV_FUNC, allow_missing=True) is not None
-
-
 # --------------------------------------------------------------------------------------------
 # Patterns
 # --------------------------------------------------------------------------------------------

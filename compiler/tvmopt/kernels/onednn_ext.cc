@@ -533,30 +533,5 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              std::lock_guard<std::mutex> lock(g_mu);
              GetRuntime().num_threads = static_cast<int>(n);
            })
-      .def("tvmopt.onednn.get_num_threads",
-           []() -> int64_t {
-#ifdef _OPENMP
-             ApplyThreads();
-             return omp_get_max_threads();
-#else
-             return 1;
-#endif
-           })
-      .def("tvmopt.onednn.clear_cache",
-           []() {
-             std::lock_guard<std::mutex> lock(g_mu);
-             g_conv_cache.clear();
-             g_matmul_cache.clear();
-           })
-      .def("tvmopt.onednn.cache_size",
-           []() -> int64_t {
-             std::lock_guard<std::mutex> lock(g_mu);
-             return static_cast<int64_t>(g_conv_cache.size() + g_matmul_cache.size());
-           })
-      .def("tvmopt.onednn.version", []() -> tvm::ffi::String {
-        const dnnl_version_t* v = dnnl_version();
-        std::ostringstream os;
-        os << v->major << '.' << v->minor << '.' << v->patch << '+' << v->hash;
-        return os.str();
-      });
+           });
 }

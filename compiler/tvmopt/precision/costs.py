@@ -41,10 +41,6 @@ class KernelPlan:
     unknown: list[str] = field(default_factory=list)
 
     @property
-    def estimated(self) -> bool:
-        return not self.unknown
-
-    @property
     def is_matrix(self) -> bool:
         return any(op.startswith(m) for op in self.ops for m in _MATRIX_OPS)
 

@@ -46,9 +46,6 @@ class Plan:
         """Kernels whose sizes are known only at run time (their figures count those sizes as 1)."""
         return [k.name for k in self.kernels if k.unknown]
 
-    def int8_weight_kernels(self) -> list[str]:
-        return [k.name for k in self.kernels if k.precision == "int8_weight"]
-
     def to_json(self) -> dict:
         d = asdict(self)
         d["kernels_after_fusion"] = self.kernels_after_fusion
