@@ -43,6 +43,9 @@ class PipelineConfig:
         weight_prepack: CPU layout rewrite: mark weights layout-free before tuning so
             MetaSchedule may choose their layout, then fold the re-layout into the constants
             (static_shape_tuning_pipeline's cpu_weight_prepack). Must match the database.
+        dispatch: one of DISPATCH, DEFAULT_DISPATCH as compile uses it. Builds that must run
+            the default schedules alone (timing them, planning, accuracy checks) pass
+            "codegen", as does `optimize` or `build` given no config.
     """
 
     database: object | None = None
@@ -51,7 +54,7 @@ class PipelineConfig:
     extra_passes: list = field(default_factory=list)
     weight_prepack: bool = False
     exec_mode: str = "bytecode"
-    dispatch: str = "codegen"
+    dispatch: str = DEFAULT_DISPATCH
     # NHWC convolutions (the default schedules' layout). None: on unless a tuning database is
     # applied, since its records were tuned on the NCHW functions tuning extracted.
     channels_last: bool | None = None
@@ -334,7 +337,7 @@ def optimize(mod, target, cfg: PipelineConfig | None = None, until: str | None =
     """
     import tvm
 
-    cfg = cfg or PipelineConfig()
+    cfg = cfg or PipelineConfig(dispatch="codegen")
     device = device_of(target)
     todo = phase_names(device)
     if start_after is not None:
@@ -376,7 +379,7 @@ def build(mod, target, cfg: PipelineConfig | None = None,
     """
     import tvm
 
-    cfg = cfg or PipelineConfig()
+    cfg = cfg or PipelineConfig(dispatch="codegen")
     device = device_of(target)
     try:
         mod = optimize(mod, target, cfg, dump=dump, start_after=start_after)

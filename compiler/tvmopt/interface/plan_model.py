@@ -68,7 +68,9 @@ def plan_model(model, hw: HardwareTarget, precision: str = "auto",
         except TvmoptError:
             # Some graphs only import with symbolic dims: import as compile does, then bind them.
             mod, used_dims = _import_bound(import_onnx(proto, dict(shapes or {})).mod, dims)
-    fused = pipeline.optimize(mod, hw.to_tvm(), pipeline.PipelineConfig(), until=pipeline.FRONT_HALF)
+    # codegen: the plan reads the fused functions; library dispatch is planned below
+    fused = pipeline.optimize(mod, hw.to_tvm(), pipeline.PipelineConfig(dispatch="codegen"),
+                              until=pipeline.FRONT_HALF)
     plan = make_plan(fused, hw, precision, dims)
     plan.dims = used_dims  # the model's symbolic dims, as bound for the import
     if dispatch != "codegen":
