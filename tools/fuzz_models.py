@@ -322,8 +322,9 @@ def mutated_models():
 
 # ------------------------------------------------------------------------------ one check
 def _last_line(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]
+    from tvmopt.errors import error_line
+
+    return f"{type(err).__name__}: {error_line(err, '')}"[:300]
 
 
 def _compare(ours: dict, theirs: dict) -> str | None:

@@ -162,8 +162,9 @@ def collect(ops: set[str] | None = None, bind_operands: bool = False) -> list[Ca
 
 
 def _last_line(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(err).__name__)[:300]
+    from tvmopt.errors import error_line
+
+    return error_line(err)[:300]
 
 
 def _flatten(values) -> list:

@@ -56,7 +56,7 @@ def build_modes(name: str, model: Path, db: Path, out: Path, modes) -> dict[str,
     hw = get_target(bt.TARGET)
     target = hw.to_tvm()
     imported = import_onnx(load_onnx(str(model)), bt.SHAPES[name])
-    cfg = pipeline.PipelineConfig(weight_prepack=db_weight_prepack(db))
+    cfg = pipeline.PipelineConfig(dispatch="codegen", weight_prepack=db_weight_prepack(db))
     fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF)
     cfg.database = replay_database(str(db), hw, fused, True).db
     libs = {}

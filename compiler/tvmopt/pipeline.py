@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import fallbacks, stage
-from .errors import BuildError
+from .errors import BuildError, error_line
 
 
-# Relax VM execution modes. "compiled" removes the interpreter but measured no faster on the
-# bundled models (VM dispatch is ~0.1 us per call there; tools/profile_overhead.py): default stays.
+# Relax VM execution modes. "compiled" removes the interpreter, but VM dispatch is a negligible
+# share of a call on the bundled models (tools/profile_overhead.py measures it): default stays.
 EXEC_MODES = ("bytecode", "compiled")
 # Who computes the heavy CPU kernels (conv2d, matmul): tvmopt's default schedules ("codegen"),
 # oneDNN through a tvm-ffi extension wherever a pattern takes the kernel ("library"; the rest
@@ -43,6 +43,9 @@ class PipelineConfig:
         weight_prepack: CPU layout rewrite: mark weights layout-free before tuning so
             MetaSchedule may choose their layout, then fold the re-layout into the constants
             (static_shape_tuning_pipeline's cpu_weight_prepack). Must match the database.
+        dispatch: one of DISPATCH, DEFAULT_DISPATCH as compile uses it. Builds that must run
+            the default schedules alone (timing them, planning, accuracy checks) pass
+            "codegen", as does `optimize` or `build` given no config.
     """
 
     database: object | None = None
@@ -51,7 +54,7 @@ class PipelineConfig:
     extra_passes: list = field(default_factory=list)
     weight_prepack: bool = False
     exec_mode: str = "bytecode"
-    dispatch: str = "codegen"
+    dispatch: str = DEFAULT_DISPATCH
     # NHWC convolutions (the default schedules' layout). None: on unless a tuning database is
     # applied, since its records were tuned on the NCHW functions tuning extracted.
     channels_last: bool | None = None
@@ -121,7 +124,7 @@ def _layout(target, cfg):
     if not cfg.use_channels_last:
         return []
     # HWIO: the default schedules' weight packing reads it contiguously along the output
-    # channel (OHWI measured 45x slower there); oneDNN takes it as it is.
+    # channel (OHWI makes those reads strided, far slower); oneDNN takes it as it is.
     return layout.channels_last("HWIO")
 
 
@@ -149,7 +152,7 @@ def _dispatch_library(target, cfg):
         try:
             onednn.load_extension()
         except Exception as err:  # noqa: BLE001 - a missing library falls back, never fails
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            reason = error_line(err)
             note = f"oneDNN unavailable ({reason}): default schedules used for every kernel"
             if note not in cfg.notes:
                 cfg.notes.append(note)
@@ -362,7 +365,7 @@ def optimize(mod, target, cfg: PipelineConfig | None = None, until: str | None =
     """
     import tvm
 
-    cfg = cfg or PipelineConfig()
+    cfg = cfg or PipelineConfig(dispatch="codegen")
     device = device_of(target)
     todo = phase_names(device)
     if start_after is not None:
@@ -404,14 +407,14 @@ def build(mod, target, cfg: PipelineConfig | None = None,
     """
     import tvm
 
-    cfg = cfg or PipelineConfig()
+    cfg = cfg or PipelineConfig(dispatch="codegen")
     device = device_of(target)
     try:
         mod = optimize(mod, target, cfg, dump=dump, start_after=start_after)
     except BuildError:
         raise
     except Exception as err:
-        raise BuildError(f"optimization failed: {_last_line(err)}") from err
+        raise BuildError(f"optimization failed: {error_line(err)}") from err
     lower = tvm.transform.Sequential(dict(phases(device))["lower"](target, cfg), name="tvmopt.lower")
     _ran("lower")
     try:
@@ -420,9 +423,5 @@ def build(mod, target, cfg: PipelineConfig | None = None,
             return tvm.relax.build(mod, target=target, relax_pipeline=lower,
                                    exec_mode=cfg.exec_mode)
     except Exception as err:
-        raise BuildError(f"code generation for {target.kind.name} failed: {_last_line(err)}") from err
-
-
-def _last_line(err: Exception) -> str:
-    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else type(err).__name__
+        raise BuildError(f"code generation for {target.kind.name} failed: "
+                         f"{error_line(err)}") from err

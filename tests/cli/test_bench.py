@@ -103,3 +103,29 @@ def test_bench_a_torch_program_against_its_own_module(tmp_path):
     assert {(r["runner"], r["batch"]) for r in doc["closed_loop"]} == {
         ("tvmopt", 1), ("torch", 1), ("tvmopt", 4), ("torch", 4)}  # one artifact, any batch
     assert list(doc["artifacts"]) == ["any"]
+
+
+@pytest.mark.parametrize("spec", ["x=4,32", "x=4x32"])
+def test_bench_reads_shape_as_compile_does(cli, save, tmp_path, monkeypatch, spec):
+    from tests.models import mlp
+    from tvmopt.bench import suite
+    from tvmopt.errors import TvmoptError
+
+    seen = []
+
+    def stop(model, opts, out, shapes, log):  # stands in for the slow compile
+        seen.append(shapes)
+        raise TvmoptError("stopped before compiling")
+
+    monkeypatch.setattr(suite, "_compile", stop)
+    res = cli("bench", save(mlp(), "mlp"), "--shape", spec, "--batch", "2", "-q",
+              "-o", tmp_path / "o")
+    assert res.exit_code == 1 and "stopped before compiling" in res.output, res.output
+    assert seen == [{"x": (2, 32)}]  # --batch replaces the leading dim of the given shape
+
+
+@pytest.mark.parametrize("spec,needle", [("x=4xa", "integers"), ("x", "expected NAME=")])
+def test_a_bad_bench_shape_is_one_line(cli, tmp_path, spec, needle):
+    res = cli("bench", tmp_path / "m.onnx", "--shape", spec)
+    assert res.exit_code == 1 and needle in res.output, res.output
+    assert res.output.startswith("tvmopt: error:") and res.output.count("\n") == 1

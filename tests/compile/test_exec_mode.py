@@ -20,7 +20,8 @@ def test_compiled_exec_mode_matches_bytecode(tmp_path):
     x = np.random.default_rng(0).standard_normal((1, 16, 8, 8)).astype("float32")
     outs = {}
     for mode in ("bytecode", "compiled"):
-        ex = pipeline.build(imported.mod, hw.to_tvm(), pipeline.PipelineConfig(exec_mode=mode))
+        ex = pipeline.build(imported.mod, hw.to_tvm(),
+                            pipeline.PipelineConfig(dispatch="codegen", exec_mode=mode))
         lib_path = tmp_path / f"{mode}.so"
         ex.export_library(str(lib_path))
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib_path)), tvm.cpu())
@@ -34,4 +35,4 @@ def test_unknown_exec_mode_is_refused_with_the_choices():
 
     with pytest.raises(BuildError,
                        match=r"unknown Relax VM exec_mode 'jit' \(choose bytecode or compiled\)"):
-        pipeline.PipelineConfig(exec_mode="jit")
+        pipeline.PipelineConfig(dispatch="codegen", exec_mode="jit")

@@ -30,7 +30,7 @@ def test_family_compiles_and_matches_onnxruntime(family, save, cli, tmp_path):
 
     # run through the CLI with our own inputs and compare the saved outputs with onnxruntime
     from tvmopt.runtime.loader import random_inputs
-    from tvmopt.frontend.onnx_model import TensorInfo
+    from tvmopt.tensor_info import TensorInfo
 
     feeds = random_inputs([TensorInfo.from_json(i) for i in manifest["inputs"]], {"batch": 3, "N": 2},
                           seed=7)
@@ -78,7 +78,7 @@ def test_manifest_records_provenance(save, tmp_path):
 
     from tvmopt import __version__
     from tvmopt.interface.compile import CompileOptions, compile_model
-    from tvmopt.frontend.onnx_model import sha256_file
+    from tvmopt.files import sha256_file
 
     path = save(FAMILIES["mlp"](), "mlp")
     compile_model(CompileOptions(model=str(path), output=str(tmp_path / "a")))

@@ -2,7 +2,7 @@
 
 import json
 
-from tvmopt.frontend.onnx_model import TensorInfo
+from tvmopt.tensor_info import TensorInfo
 
 
 def test_unknown_dims_and_rank_round_trip():

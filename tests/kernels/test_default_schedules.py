@@ -231,7 +231,7 @@ def test_kernel_class_matches_onnxruntime(name, layout):
     feeds = _inputs(name, model)
     ref = ort.InferenceSession(model.SerializeToString(),
                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    cfg = pipeline.PipelineConfig(channels_last=(layout == "nhwc"))
+    cfg = pipeline.PipelineConfig(dispatch="codegen", channels_last=(layout == "nhwc"))
     got, scheduled = _run(model, feeds, cfg)
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
@@ -255,7 +255,7 @@ def test_elementwise_kernels_are_scheduled():
 
     model = eltwise_case()
     feeds = _inputs("eltwise", model)
-    _, scheduled = _run(model, feeds, pipeline.PipelineConfig())
+    _, scheduled = _run(model, feeds, pipeline.PipelineConfig(dispatch="codegen"))
     import tvm
 
     funcs = [f for _, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
@@ -274,7 +274,7 @@ def test_inlining_repeated_reads_stays_linear():
     feeds = {"x": RNG.uniform(-0.5, 0.5, (4, 64)).astype("float32")}
     ref = ort.InferenceSession(model.SerializeToString(),
                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    got, scheduled = _run(model, feeds, pipeline.PipelineConfig())
+    got, scheduled = _run(model, feeds, pipeline.PipelineConfig(dispatch="codegen"))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
     sizes = [len(f.script()) for _, f in scheduled.functions_items()
              if isinstance(f, tvm.tirx.PrimFunc)]
@@ -289,7 +289,7 @@ def test_depthwise_conv_reads_its_padding_in_place():
 
     model = CASES["conv_depthwise_s2"]()
     _, scheduled = _run(model, _inputs("conv_depthwise_s2", model),
-                        pipeline.PipelineConfig(channels_last=True))
+                        pipeline.PipelineConfig(dispatch="codegen", channels_last=True))
     convs = [f.script() for _, f in scheduled.functions_items()
              if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in f.script()]
     assert convs and all("pad_temp" not in s and "PaddedInput" not in s for s in convs)
@@ -305,7 +305,7 @@ def test_an_epilogue_larger_than_its_contraction_is_not_unrolled_at_the_tile():
 
     model = squeeze_excite_case(c=32, r=8, hw=80)
     _, scheduled = _run(model, _inputs("squeeze_excite", model),
-                        pipeline.PipelineConfig(channels_last=True))
+                        pipeline.PipelineConfig(dispatch="codegen", channels_last=True))
     unrolled = [int(n) for _, f in scheduled.functions_items()
                 if isinstance(f, tvm.tirx.PrimFunc)
                 for n in re.findall(r"T\.unroll\(T\.int64\((\d+)\)\)", f.script())]
@@ -321,7 +321,7 @@ def test_a_ragged_token_count_is_padded_to_whole_vectors_and_rows():
 
     model = CASES["batch_matmul_197_tokens"]()
     _, scheduled = _run(model, _inputs("batch_matmul_197_tokens", model),
-                        pipeline.PipelineConfig())
+                        pipeline.PipelineConfig(dispatch="codegen"))
     mms = [f.script() for gv, f in scheduled.functions_items()
            if isinstance(f, tvm.tirx.PrimFunc) and "matmul" in gv.name_hint]
     assert mms and all("T.int64(200)" in s and "T.vectorized" in s for s in mms)

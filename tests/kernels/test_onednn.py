@@ -283,9 +283,13 @@ def _small_cnn(path):
 
 def test_auto_times_each_workload_once_then_reads_the_cache(tmp_path, monkeypatch):
     from tvmopt.interface.compile import CompileOptions, compile_model
-    from tvmopt.kernels import dispatch
+    from tvmopt.kernels import dispatch, timing
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))  # extension already loaded
+    # What is under test is the cache, not how quiet this machine is: every timing is trusted
+    # (tests/kernels/test_timing.py covers the untrusted ones).
+    monkeypatch.setattr(timing, "FOREIGN_LOAD_LIMIT", float("inf"))
+    monkeypatch.setattr(timing, "SPREAD", float("inf"))
     model = _small_cnn(tmp_path / "cnn.onnx")
 
     def kernels(out):

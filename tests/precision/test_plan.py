@@ -141,6 +141,7 @@ def test_fp16_rewrite_matches_fp32_within_tolerance(tmp_path):
     outs = []
     for passes in ([fp16_pass()], []):
         outs.append(run_in_memory(mod, [x], get_target("x86").to_tvm(),
-                                  pipeline.PipelineConfig(precision_passes=passes))[0])
+                                  pipeline.PipelineConfig(dispatch="codegen",
+                                                          precision_passes=passes))[0])
     err = np.abs(outs[0] - outs[1]).max()
     assert 0 < err < 1e-2 * max(1.0, np.abs(outs[1]).max())  # fp16 rounding, not a no-op

@@ -6,8 +6,8 @@ ran last. Blocks rather than single calls because runtimes keep their thread poo
 a while after a call (onnxruntime, OpenMP in torch, TVM's pool): alternating call by call makes
 each runner compete with the previous one's spinning threads, which measures the harness, not
 the runtime; and between blocks the harness idles `settle_s` so those threads go to sleep
-before the next runner starts (on 2 busy cores, torch eager measured 600 ms per call right after
-TVM's pool instead of 4 ms alone).
+before the next runner starts (on a few busy cores, a runner started while another's pool still
+spins is timed mostly waiting for cores).
 """
 
 from __future__ import annotations

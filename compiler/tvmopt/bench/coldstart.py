@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, last_line
 
 _CHILD = r"""
 import json, sys, time
@@ -52,7 +52,7 @@ def cold_start(artifact_path, dims: dict[str, int], repeats: int = 1,
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TVMOPT_COLDSTART ")),
                     None)
         if proc.returncode != 0 or line is None:
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            tail = last_line(proc.stderr, "no output")
             raise ArtifactError(f"{artifact_path}: cold-start process failed: {tail}")
         d = json.loads(line.split(" ", 1)[1])
         d["process_s"] = wall

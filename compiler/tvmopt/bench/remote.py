@@ -16,18 +16,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..errors import ArtifactError, TvmoptError
+from ..errors import ArtifactError, TvmoptError, error_line
 from .stats import summarize
 
 
 class RemoteError(TvmoptError):
     """The RPC tracker or server cannot be reached, or the remote device cannot run the
     artifact."""
-
-
-def _one_line(err: Exception) -> str:
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else type(err).__name__
 
 
 def connect(tracker: str, key: str, timeout_s: float = 30.0):
@@ -46,7 +41,7 @@ def connect(tracker: str, key: str, timeout_s: float = 30.0):
         socket.create_connection((host, port), timeout=10).close()
         client = rpc.connect_tracker(host, port)
     except Exception as err:  # noqa: BLE001 - any socket failure means the same to the user
-        raise RemoteError(f"cannot reach the RPC tracker at {tracker}: {_one_line(err)}",
+        raise RemoteError(f"cannot reach the RPC tracker at {tracker}: {error_line(err)}",
                           hint="start one with 'tvmopt rpc tracker'") from None
     deadline = time.monotonic() + timeout_s
     last = None
@@ -57,7 +52,7 @@ def connect(tracker: str, key: str, timeout_s: float = 30.0):
             last = err
             time.sleep(0.5)
     raise RemoteError(f"no RPC server with key '{key}' became free at {tracker} within "
-                      f"{timeout_s:.0f} s ({_one_line(last) if last else 'no answer'})",
+                      f"{timeout_s:.0f} s ({error_line(last) if last else 'no answer'})",
                       hint=f"start one with 'tvmopt rpc server --tracker {tracker} --key {key}'")
 
 
@@ -83,7 +78,7 @@ class RemoteArtifact:
         except Exception as err:  # noqa: BLE001 - the remote's reason is what matters
             t = artifact.manifest["target"]
             raise RemoteError(f"the RPC server cannot load {lib} (built for {t['name']}, "
-                              f"{t['arch']}): {_one_line(err)}") from None
+                              f"{t['arch']}): {error_line(err)}") from None
         self.load_s = time.perf_counter() - t1
         self.upload_bytes = lib.stat().st_size
         self._tvm = tvm

@@ -16,7 +16,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..errors import ModelError, ShapeError
-from ..frontend.onnx_model import TensorInfo
+from ..tensor_info import TensorInfo
 
 
 class Runner(Protocol):

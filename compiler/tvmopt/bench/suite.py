@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .. import stage
 from ..errors import ArtifactError, ShapeError, TvmoptError
+from ..frontend.onnx_model import parse_shapes
 from .runner import BaselineUnavailable
 
 SCHEMA = "tvmopt.bench/1"
@@ -34,7 +35,8 @@ class BenchOptions:
         model: the model for baselines when `path` is an artifact.
         target: compile target when `path` is a model.
         output: where compiled artifacts go (default tvmopt-out/bench/<stem>).
-        shapes: --shape overrides for compiling ('NAME=1x3x96x96').
+        shapes: --shape overrides for compiling, {input: shape}; 'NAME=1x3x96x96' strings are
+            parsed on construction, as `compile` parses them.
         batches: batch sizes of the closed-loop sweep.
         runs, warmup: timed and warm-up calls per runner and batch.
         max_seconds: time budget per batch size of the sweep (all runners together).
@@ -54,7 +56,7 @@ class BenchOptions:
     model: str | None = None
     target: str = "x86"
     output: str | None = None
-    shapes: list[str] = field(default_factory=list)
+    shapes: dict[str, tuple[int, ...]] | list[str] = field(default_factory=dict)
     batches: list[int] = field(default_factory=lambda: [1])
     runs: int = 50
     warmup: int = 5
@@ -78,6 +80,8 @@ class BenchOptions:
     rpc_key: str | None = None
 
     def __post_init__(self):
+        if isinstance(self.shapes, (list, tuple)):
+            self.shapes = parse_shapes(self.shapes)
         if not self.batches or any(b < 1 for b in self.batches):
             raise BenchOptionError("--batch: batch sizes must be positive integers")
         bad = [b for b in self.baselines if b not in BASELINES]
@@ -122,7 +126,7 @@ class BenchOptions:
 
 
 # ------------------------------------------------------------------------------------ artifacts
-def _compile(model: str, opts: BenchOptions, out: Path, shapes: list[str], log) -> str:
+def _compile(model: str, opts: BenchOptions, out: Path, shapes: dict, log) -> str:
     from ..interface.compile import CompileOptions, compile_model
 
     log(f"compiling {model} for {opts.target} -> {out}")
@@ -148,23 +152,22 @@ def resolve_artifacts(opts: BenchOptions, log) -> tuple[dict, str | None]:
     out = Path(opts.output or f"tvmopt-out/bench/{stem}")
     infos = model_inputs(model)
     first = infos[0].shape[0] if infos and infos[0].shape else None
-    fixed = any(s.split("=", 1)[0] == infos[0].name for s in opts.shapes) if infos else False
+    fixed = bool(infos) and infos[0].name in opts.shapes
     if isinstance(first, str) and not fixed:
         return {None: _compile(model, opts, out / f"{stem}.tvmopt", opts.shapes, log)}, model
     # static batch: one artifact per batch size, the first input's leading dim replaced
     arts = {}
     for b in opts.batches:
-        shape = list(infos[0].shape)
-        base = next((s for s in opts.shapes if s.split("=", 1)[0] == infos[0].name), None)
-        if base:
-            shape = [int(x) for x in base.split("=", 1)[1].split("x")]
+        shape = list(opts.shapes.get(infos[0].name, infos[0].shape or ()))
+        if not shape:
+            raise ShapeError(f"input '{infos[0].name}' has no batch dimension to set with "
+                             "--batch; give its shape with --shape")
         if any(not isinstance(d, int) for d in shape[1:]):
             raise ShapeError(f"input '{infos[0].name}' has symbolic dims besides the batch; "
                              "give --shape for it")
         shape[0] = b
-        spec = f"{infos[0].name}={'x'.join(map(str, shape))}"
-        others = [s for s in opts.shapes if s.split("=", 1)[0] != infos[0].name]
-        arts[b] = _compile(model, opts, out / f"{stem}.b{b}.tvmopt", others + [spec], log)
+        shapes = {**opts.shapes, infos[0].name: tuple(shape)}
+        arts[b] = _compile(model, opts, out / f"{stem}.b{b}.tvmopt", shapes, log)
     return arts, model
 
 
@@ -172,7 +175,7 @@ def _find_model(entry: dict, artifact_path: str) -> str | None:
     """The model an artifact was compiled from: beside the artifact or a bundled model, matched
     by the sha256 in the manifest (a same-named but different file is not used)."""
     from ..models import bundled
-    from ..frontend.onnx_model import sha256_file
+    from ..files import sha256_file
 
     beside = Path(artifact_path).parent / entry["file"]
     for cand in [beside, *bundled().values()]:

@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from ..errors import TvmoptError
+from ..errors import TvmoptError, error_line
 
 
 def _fail(msg: str, code: int = 1):
@@ -49,7 +49,7 @@ class _Group(click.Group):
         except Exception as err:  # an unexpected failure still gets one line, not a traceback
             if os.environ.get("TVMOPT_DEBUG"):
                 raise
-            text = (str(err).strip().splitlines() or [""])[-1]
+            text = error_line(err, "")
             _fail(f"internal error: {type(err).__name__}: {text} "
                   "(set TVMOPT_DEBUG=1 for the traceback, TVMOPT_SAVE_TEMPS=DIR for the IR)", 2)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import TargetError
+from ..errors import TargetError, error_line
 from .run import PRECISIONS, CompareOptionError, CompareOptions, model_precision, run_compare
 
 
@@ -34,7 +34,7 @@ def quantize_int8(src: str, dst: Path) -> None:
     try:
         quantize_dynamic(src, str(dst), weight_type=QuantType.QInt8)
     except Exception as err:  # onnxruntime's quantizer raises plain exceptions
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+        reason = error_line(err)
         raise CompareOptionError(f"quantize_dynamic cannot quantize {src}: {reason}") from None
     finally:
         root.setLevel(level)

@@ -16,7 +16,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import ModelError, error_line
 
 
 def _consumers(graph) -> dict[str, list]:
@@ -135,7 +135,7 @@ def fold_dynamic_quantization(model):
         onnx.checker.check_model(m)
     except Exception as err:  # onnx raises ValidationError and friends
         raise ModelError(f"folding dynamic quantization produced an invalid graph: "
-                         f"{(str(err).strip().splitlines() or [''])[0]}") from None
+                         f"{error_line(err, '')}") from None
     return m, folded
 
 

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ModelError, ShapeError, TargetError, TvmoptError
+from ..errors import ModelError, ShapeError, TargetError, TvmoptError, error_line
 
 SCHEMA = "tvmopt.compare/1"
 RUNTIMES = ("tvmopt", "onnxruntime", "both")
@@ -169,7 +169,7 @@ def _ort_runner(m: _Model, opts: CompareOptions):
     try:
         r = OrtRunner(m.path, InputFactory(graph_inputs(m.proto), seed=opts.seed), opts.threads)
     except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph/NotImplemented
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = error_line(err)
         raise ModelError(f"onnxruntime cannot load {m.path}: {reason}") from None
     r.name = f"onnxruntime:{m.key}"
     return r
@@ -182,7 +182,7 @@ def _feeds_check(runner, m: _Model) -> None:
     except TvmoptError:
         raise
     except Exception as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+        reason = error_line(err)
         raise ModelError(f"{runner.name.split(':')[0]} cannot run {m.path}: {reason}") from None
 
 

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BuildError
+from ..files import sha256_file
 from ..runtime.artifact import MANIFEST, Artifact, read_artifact
 from ..targets.registry import HardwareTarget, get_target
 from .runner import NAME as RUNNER, build_runner
-from .runtime import runtime_for, sha256_path
+from .runtime import runtime_for
 from .toolchain import bundle_toolchain, emulation_command, missing_for_emulation, run_prefix
 
 SUFFIXES = (".tar.gz", ".tgz")
@@ -196,7 +197,7 @@ def write_bundle(artifact: str | Path, out: str | Path, log=print, verify_model:
             "params": "bound into model.so as constants at compile time",
         }
         (root / "README.txt").write_text(_readme(top, manifest, emulation_command(arch)))
-        files = {p.relative_to(root).as_posix(): sha256_path(p)
+        files = {p.relative_to(root).as_posix(): sha256_file(p)
                  for p in sorted(root.rglob("*")) if p.is_file() and p.parts[len(root.parts)] != "model"}
         _refuse_python(root)
         # paths relative to the bundle root (the model folder's parent)

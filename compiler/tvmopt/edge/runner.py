@@ -10,8 +10,9 @@ import tempfile
 from pathlib import Path
 
 from ..errors import BuildError
-from .runtime import Runtime, cache_dir
-from .toolchain import Toolchain
+from ..files import cache_root
+from ..targets.cross import Toolchain
+from .runtime import Runtime
 
 SOURCE = Path(__file__).with_name("runner.cc")
 NAME = "tvmopt-run"
@@ -43,7 +44,7 @@ def build_runner(tc: Toolchain, rt: Runtime, log=print) -> Path:
     key.update(_compiler_id(tc.cxx).encode())
     key.update(repr(sorted(rt.versions.items())).encode())
     key.update(tc.arch.encode())
-    folder = cache_dir() / "edge" / f"runner-{tc.arch}-{key.hexdigest()[:16]}"
+    folder = cache_root() / "edge" / f"runner-{tc.arch}-{key.hexdigest()[:16]}"
     binary = folder / NAME
     if binary.exists():
         return binary

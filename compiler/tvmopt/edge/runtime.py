@@ -8,7 +8,6 @@ once with pip into the cache, checked against PyPI's sha256, and unpacked there.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -20,16 +19,12 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from ..errors import BuildError
+from ..errors import BuildError, last_line
+from ..files import cache_root, sha256_file
 from ..targets.registry import host_arch
 
 LIBS = ("libtvm_runtime.so", "libtvm_ffi.so")
 _WHEELS = Path(__file__).with_name("runtime_wheels.toml")
-
-
-def cache_dir() -> Path:
-    """tvmopt's cache root (TVMOPT_CACHE_DIR, default ~/.cache/tvmopt)."""
-    return Path(os.environ.get("TVMOPT_CACHE_DIR") or Path("~/.cache/tvmopt").expanduser())
 
 
 @dataclass
@@ -90,14 +85,6 @@ def wheel_specs(arch: str) -> tuple[str, list[dict]]:
     return data[arch]["platform"], data[arch]["wheel"]
 
 
-def sha256_path(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _download(spec: dict, platform_tag: str, dest: Path, log) -> Path:
     """The wheel `spec` in `dest`, fetched with pip if absent; its sha256 checked either way."""
     path = dest / spec["file"]
@@ -110,10 +97,10 @@ def _download(spec: dict, platform_tag: str, dest: Path, log) -> Path:
                f"{spec['project']}=={spec['version']}"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not path.exists():
-            last = (proc.stderr.strip().splitlines() or ["pip gave no reason"])[-1]
+            last = last_line(proc.stderr, "pip gave no reason")
             raise BuildError(f"cannot download {spec['file']} from PyPI ({last}); on a machine "
                              f"without network, put that file into {dest}")
-    digest = sha256_path(path)
+    digest = sha256_file(path)
     if digest != spec["sha256"]:
         path.unlink()
         raise BuildError(f"{path}: sha256 {digest[:16]}... differs from PyPI's "
@@ -130,7 +117,7 @@ def _pypi_runtime(arch: str, log) -> Runtime:
                              f"but the {arch} runtime it bundles is {s['version']} "
                              f"(tvmopt/edge/runtime_wheels.toml); install {s['project']}=="
                              f"{s['version']}")
-    root = cache_dir() / "edge"
+    root = cache_root() / "edge"
     out = root / ("runtime-" + "-".join([arch] + [s["version"] for s in specs]))
     lib_dir, inc_dir = out / "lib", out / "include"
     stamp = out / "sha256.txt"

@@ -1,37 +1,17 @@
 """The C++ toolchain that links a bundle's library and runner, and the emulator that runs a foreign
-architecture's binaries here; each named with the Debian package that provides it."""
+architecture's binaries here, chosen from the cross toolchains in targets/cross.py."""
 
 from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 
 from ..errors import BuildError
+from ..targets.cross import CROSS, Toolchain
 from ..targets.registry import HardwareTarget, host_arch
 
 # One line installs everything edge bundles need on a Debian/Ubuntu build machine.
 SETUP_COMMAND = "apt-get install -y g++-aarch64-linux-gnu qemu-user"
-
-
-@dataclass(frozen=True)
-class Toolchain:
-    """How to build and (here) run binaries for one CPU architecture."""
-
-    arch: str
-    cxx: str  # C++ compiler driver (also the linker of the model library)
-    package: str  # Debian package providing `cxx`
-    qemu: str | None = None  # user-mode emulator running this arch on a foreign host
-    sysroot: str | None = None  # the cross C/C++ runtime the emulator loads (-L)
-
-
-# Cross toolchains by target arch, as Debian names them; the host's own arch uses plain g++.
-_CROSS = {
-    "aarch64": Toolchain("aarch64", "aarch64-linux-gnu-g++", "g++-aarch64-linux-gnu",
-                         "qemu-aarch64", "/usr/aarch64-linux-gnu"),
-    "x86_64": Toolchain("x86_64", "x86_64-linux-gnu-g++", "g++-x86-64-linux-gnu",
-                        "qemu-x86_64", "/usr/x86-64-linux-gnu"),
-}
 
 
 def toolchain_for(arch: str) -> Toolchain:
@@ -42,9 +22,9 @@ def toolchain_for(arch: str) -> Toolchain:
     """
     if arch == host_arch():
         return Toolchain(arch, "g++", "g++")
-    if arch not in _CROSS:
-        raise BuildError(f"edge bundles are built for {', '.join(sorted(_CROSS))}; not {arch}")
-    return _CROSS[arch]
+    if arch not in CROSS:
+        raise BuildError(f"edge bundles are built for {', '.join(sorted(CROSS))}; not {arch}")
+    return CROSS[arch]
 
 
 def bundle_toolchain(hw: HardwareTarget) -> Toolchain:
@@ -69,7 +49,7 @@ def run_prefix(arch: str) -> list[str] | None:
     foreign arch, None when this host cannot run it (no emulator or no cross runtime)."""
     if arch == host_arch():
         return []
-    tc = _CROSS.get(arch)
+    tc = CROSS.get(arch)
     if tc is None or shutil.which(tc.qemu) is None:
         return None
     if not os.path.isdir(tc.sysroot):
@@ -80,7 +60,7 @@ def run_prefix(arch: str) -> list[str] | None:
 def emulation_command(arch: str) -> str | None:
     """How an x86-64 (or other) Linux machine runs `arch` binaries under qemu-user, for docs;
     None for this host's own arch."""
-    tc = _CROSS.get(arch)
+    tc = CROSS.get(arch)
     if arch == host_arch() or tc is None:
         return None
     return f"{tc.qemu} -L {tc.sysroot}"
@@ -90,7 +70,7 @@ def missing_for_emulation(arch: str) -> str | None:
     """Why `arch` binaries cannot be run here (the packages to install), or None when they can."""
     if run_prefix(arch) is not None:
         return None
-    tc = _CROSS.get(arch)
+    tc = CROSS.get(arch)
     if tc is None:
         return f"no emulator known for {arch}"
     need = []

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BuildError, VerificationError
-from ..frontend.onnx_model import TensorInfo
+from ..errors import BuildError, VerificationError, last_line
 from ..runtime.artifact import MANIFEST
 from ..runtime.verify import OutputError, Tolerance, compare, run_onnxruntime
+from ..tensor_info import TensorInfo
 from .runner import NAME as RUNNER
 from .toolchain import missing_for_emulation, run_prefix
 
@@ -55,7 +55,7 @@ def verify_bundle(root: Path, model: str, tol: Tolerance, dims: dict[str, int] |
                "--output-dir", str(out), "--warmup", "0", "--repeat", "1", "--json"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            last = last_line(proc.stderr, f"exit status {proc.returncode}")
             raise VerificationError(f"the bundle's {RUNNER} failed on random inputs: {last}")
         report = json.loads(proc.stdout)
         got = {name: np.load(path) for name, path in report["outputs"].items()}

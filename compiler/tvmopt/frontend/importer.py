@@ -8,8 +8,9 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from ..errors import ImportFailure, ShapeError, UnsupportedOpError
-from .onnx_model import TensorInfo, graph_outputs, resolve_input_shapes
+from ..errors import ImportFailure, ShapeError, UnsupportedOpError, error_line
+from ..tensor_info import TensorInfo
+from .onnx_model import graph_outputs, resolve_input_shapes
 
 # Ops the importer handles itself rather than through the converter map.
 _BUILTIN_OPS = {"If", "Constant", "Scan", "Loop"}  # Scan/Loop: onnx_ops.control_flow
@@ -342,8 +343,7 @@ def _make_importer_class():
             except (ImportFailure, UnsupportedOpError, ShapeError):
                 raise
             except Exception as err:
-                msg = str(err).strip().splitlines()
-                reason = msg[-1] if msg else type(err).__name__
+                reason = error_line(err)
                 raise ImportFailure(f"node '{node_name}' ({op_name}, opset {opset}): {reason}") from err
             if isinstance(attrs, _ReadAttrs):
                 ignored = ignored_by_converter(node, attrs, inputs, opset)
@@ -433,7 +433,7 @@ def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None
                              "to make them static") from None
         raise ImportFailure(str(err)) from None
     except Exception as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+        reason = error_line(err)
         if symbolic:
             raise ShapeError(f"import failed with symbolic dimensions {', '.join(symbolic)}: "
                              f"{reason}; pass --shape to make them static") from None

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..tensor_info import TensorInfo
 from . import torch_program
-from .onnx_model import TensorInfo
 
 ONNX = "onnx"
 TORCH = torch_program.FORMAT
@@ -76,7 +76,7 @@ def describe(path):
 
 def manifest_entry(path, loaded, imported, allow_newer_opset: bool) -> dict:
     """The artifact manifest's `model` section."""
-    from .onnx_model import sha256_file
+    from ..files import sha256_file
 
     entry = {"file": Path(path).name, "sha256": sha256_file(path), "format": model_format(path)}
     if is_program(loaded):

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .onnx_model import TensorInfo, graph_inputs, graph_outputs, sha256_file
+from ..files import sha256_file
+from ..tensor_info import TensorInfo
+from .onnx_model import graph_inputs, graph_outputs
 
 
 @dataclass

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelError, ShapeError
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+from ..errors import ModelError, ShapeError, error_line
+from ..tensor_info import TensorInfo
 
 
 def load_onnx(path: str | Path):
@@ -62,8 +53,7 @@ def load_onnx(path: str | Path):
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, UnicodeDecodeError) as err:  # a string field's bytes
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "invalid model"
-        raise ModelError(f"{p}: invalid ONNX model: {first}") from None
+        raise ModelError(f"{p}: invalid ONNX model: {error_line(err, 'invalid model')}") from None
     return model
 
 
@@ -127,34 +117,6 @@ def nonfinite_line(a: np.ndarray, label: str) -> str | None:
         return None
     parts = [f"{k} {what}" for k, what in ((nan, "NaN"), (inf, "Inf")) if k]
     return f"{label}: {', '.join(parts)} of {a.size} values"
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """Name, shape and dtype of a graph input or output.
-
-    Shape entries are ints (static), strings (named symbolic dims, or an expression of them for
-    an output) or None (known only at run time). The shape itself is None when even the rank is
-    unknown.
-    """
-
-    name: str
-    shape: tuple | None
-    dtype: str
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "shape": None if self.shape is None else list(self.shape),
-                "dtype": self.dtype}
-
-    @staticmethod
-    def from_json(d: dict) -> "TensorInfo":
-        shape = d.get("shape")
-        return TensorInfo(d["name"], None if shape is None else tuple(shape), d["dtype"])
-
-    def shape_str(self) -> str:
-        if self.shape is None:
-            return "?"
-        return "x".join("?" if d is None else str(d) for d in self.shape) or "scalar"
 
 
 def _dtype_name(elem_type: int) -> str:

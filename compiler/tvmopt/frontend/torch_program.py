@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ImportFailure, ModelError, ShapeError, UnsupportedOpError
-from .onnx_model import TensorInfo
+from ..errors import ImportFailure, ModelError, ShapeError, UnsupportedOpError, error_line
+from ..tensor_info import TensorInfo
 
 SUFFIXES = (".pt2",)
 FORMAT = "torch.export"
@@ -75,7 +75,7 @@ def load_program(path):
             causes = [ln.strip() for ln in detail.splitlines()
                       if re.match(r"\s*\w+(Error|Exception|NotImplementedError):", ln)]
             reason = (causes[-1] if causes else
-                      f"{type(err).__name__}: {_first_line(err)}").split(". ")[0][:240]
+                      f"{type(err).__name__}: {error_line(err)[:300]}").split(". ")[0][:240]
             if found:
                 raise ModelError(f"{p}: its outputs are {found.group(1)}, which is not "
                                  f"registered with torch's pytree here (is the package that "
@@ -200,11 +200,7 @@ def _decompose(ep):
             return ep.run_decompositions()
     except Exception as err:
         raise ImportFailure(f"torch could not decompose the program to core ATen: "
-                            f"{_first_line(err)}") from None
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+                            f"{error_line(err)[:300]}") from None
 
 
 def _op_name(node) -> str:
@@ -238,7 +234,8 @@ def _naming_converters(importer) -> None:
             except (ImportFailure, ShapeError, UnsupportedOpError):
                 raise
             except Exception as err:
-                raise ImportFailure(f"node '{node.name}' ({op}): {_first_line(err)}") from None
+                raise ImportFailure(f"node '{node.name}' ({op}): "
+                                    f"{error_line(err)[:300]}") from None
 
         return convert
 
@@ -335,7 +332,7 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
     except (ImportFailure, ShapeError, UnsupportedOpError) as err:
         raise type(err)(str(err)) from None
     except Exception as err:
-        raise ImportFailure(f"import failed: {_first_line(err)}") from None
+        raise ImportFailure(f"import failed: {error_line(err)[:300]}") from None
     main = mod["main"]
     ret = main.ret_ty
     fields = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
@@ -420,7 +417,7 @@ def run_program(ep, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     except Exception as err:
         shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
         raise VerificationError(f"the reference, torch, cannot run the program on inputs "
-                                f"{shapes}: {_first_line(err)}") from None
+                                f"{shapes}: {error_line(err)[:300]}") from None
     leaves = pytree.tree_leaves(out)
     return {name: t.detach().numpy() for name, t in zip(output_names(ep), leaves)}
 
@@ -431,7 +428,7 @@ def describe(path, ep=None):
     parameters, matmul/conv FLOPs and the ops TVM's importer cannot convert."""
     from .. import stage
     from .model_info import ModelInfo
-    from .onnx_model import sha256_file
+    from ..files import sha256_file
 
     stage.enter("inspect", str(path))
     import torch
@@ -480,4 +477,4 @@ def _flops(ep, inputs: list[TensorInfo]) -> tuple[int, str]:
         del mode
         return int(counter.get_total_flops()), note
     except Exception as err:
-        return 0, f"FLOPs not counted ({_first_line(err)[:80]})"
+        return 0, f"FLOPs not counted ({error_line(err)[:80]})"

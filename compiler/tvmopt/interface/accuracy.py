@@ -26,7 +26,8 @@ def accuracy_report(art, imported, cfg, hw: HardwareTarget, opts, log=print) -> 
     feeds = random_inputs(imported.inputs, opts.verify_dims)
     args = [feeds[i.name] for i in imported.inputs]
     outs = [run_in_memory(imported.mod, args, host.to_tvm(), pipeline.PipelineConfig(
-                database=None, precision_passes=list(passes), extra_passes=list(cfg.extra_passes)))
+                dispatch="codegen", database=None, precision_passes=list(passes),
+                extra_passes=list(cfg.extra_passes)))
             for passes in (cfg.precision_passes, [])]
     per_output = []
     for info, got, ref in zip(imported.outputs, outs[0], outs[1]):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import stage
-from ..errors import BuildError, TvmoptError
+from ..errors import BuildError, TvmoptError, error_line
 from ..frontend.onnx_model import parse_shapes
 from ..pipeline import DEFAULT_DISPATCH
 from ..precision.policy import parse as parse_precision
@@ -184,7 +184,7 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
             fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF,
                                       dump=dump)
         except Exception as err:
-            raise BuildError(f"optimization failed: {_last_line(err)}") from err
+            raise BuildError(f"optimization failed: {error_line(err)}") from err
         plan = make_plan(fused, hw, opts.precision, dims=opts.verify_dims,
                          library=cfg.dispatch_choices)
         for d in plan.decisions:
@@ -195,7 +195,7 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
                 fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF,
                                           dump=dump)
             except Exception as err:
-                raise BuildError(f"optimization failed: {_last_line(err)}") from err
+                raise BuildError(f"optimization failed: {error_line(err)}") from err
         timings["plan_s"] = timings.get("plan_s", 0.0) + time.perf_counter() - t_plan
 
         # Tuning database: matched against the fused module the "database" phase will see.
@@ -362,11 +362,6 @@ def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, i
     verify.check(errors, tol, record["reference"])
     return errors
 
-
-
-def _last_line(err: Exception) -> str:
-    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else type(err).__name__
 
 
 def _tvm_version() -> str:

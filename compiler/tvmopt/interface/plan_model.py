@@ -69,6 +69,7 @@ def plan_model(model, hw: HardwareTarget, precision: str = "auto",
         except TvmoptError:
             # Some graphs only import with symbolic dims: import as compile does, then bind them.
             mod, used_dims = _import_bound(import_onnx(proto, dict(shapes or {})).mod, dims)
+    # codegen: the plan reads the fused functions; library dispatch is planned below
     fused = pipeline.optimize(mod, hw.to_tvm(), pipeline.PipelineConfig(dispatch="codegen"),
                               until=pipeline.FRONT_HALF)
     choices, notes = [], []

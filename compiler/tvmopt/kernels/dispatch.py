@@ -87,8 +87,8 @@ def _kernel_function(func, args):
 def _loaded_like_an_artifact(executable, folder: str, name: str):
     """A side as an artifact with oneDNN kernels runs it: exported, then loaded as
     `runtime.load` does, its TVM kernels on oneDNN's OpenMP team. Both sides are timed so:
-    with either one on TVM's pool, the two pools took turns on the cores and some kernels
-    measured ~8 ms whatever their size (a 1x1 conv with a residual: 8 ms instead of 0.05)."""
+    with either one on TVM's pool, the two pools take turns on the cores and small kernels
+    measure the hand-over between pools rather than their own work."""
     from . import onednn
 
     path = os.path.join(folder, name)

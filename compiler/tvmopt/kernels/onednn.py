@@ -32,6 +32,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
+from ..files import cache_root
 from .layout import _const_array, _static_f32_shape, channels_last, lift_clip
 
 CONV_FUNC = "tvmopt.onednn.conv2d"
@@ -107,7 +108,7 @@ def build_extension(cache_dir: str | os.PathLike, onednn_root: str | None = None
     threading = _threading_runtime(inc)
     if threading not in ("OMP", "SEQ"):
         # TBB/SYCL builds need Intel runtimes that the PyPI wheels pull in separately
-        # (onednn 2026.x needs the DPC++ runtime); the thread control below assumes OpenMP.
+        # (a SYCL build needs the DPC++ runtime); the thread control below assumes OpenMP.
         raise RuntimeError(f"oneDNN at {inc.parent} uses {threading} threading; need OMP")
     cflags = ["-O3", "-DNDEBUG", "-fopenmp"]
     ldflags = [f"-L{lib}", "-ldnnl", f"-Wl,-rpath,{lib}", "-fopenmp", "-ldl"]
@@ -139,12 +140,11 @@ def load_extension(cache_dir: str | os.PathLike | None = None, num_threads: int 
     if cache_dir is None and _loaded and num_threads is None:
         return next(iter(_loaded.values()))  # one extension per process is enough
     if cache_dir is None:
-        cache_dir = os.environ.get(
-            "TVMOPT_CACHE_DIR", str(Path("~/.cache/tvmopt").expanduser()))
+        cache_dir = cache_root()
     path = build_extension(cache_dir)
     # libgomp's default wait policy (spin briefly, then sleep) is kept: a model's kernels all
     # run on this one OpenMP team (share_pool), and waking sleeping workers for each of them
-    # (OMP_WAIT_POLICY=PASSIVE) made MobileNetV2 2x slower here.
+    # (OMP_WAIT_POLICY=PASSIVE) would add a wake-up to every kernel call.
     if path not in _loaded:
         # Keep the module object alive: the registered globals point into the library.
         _loaded[path] = tvm_ffi.load_module(path)
@@ -174,10 +174,6 @@ def load_library(library_path: str):
 def extension_id() -> str:
     """Identity of the extension's source, for caches of what it measured."""
     return hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
-
-
-def is_available() -> bool:
-    return tvm_ffi.get_global_func(CONV_FUNC, allow_missing=True) is not None
 
 
 # --------------------------------------------------------------------------------------------

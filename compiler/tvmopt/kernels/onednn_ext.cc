@@ -1,6 +1,6 @@
-// tvm-ffi extension that runs fp32 conv2d / matmul through oneDNN.
+// tvm-ffi extension that runs conv2d / matmul through oneDNN, in fp32 or with bf16 compute.
 //
-// Calling convention (shared with onednn_dispatch.py, keep in sync):
+// Calling convention (shared with kernels/onednn.py, keep in sync):
 //   tvmopt.onednn.conv2d(data, weight, [bias], [residual], attrs, out)
 //   tvmopt.onednn.matmul(a, b, [bias], attrs, out)
 // R.call_dps_packed appends the output after all listed arguments, so attrs comes before out.
@@ -8,9 +8,12 @@
 // (what R.shape([...]) becomes at run time) or an int64 tensor. Float attributes (clip bounds)
 // travel as the raw bits of a float32, because Shape entries are integers.
 //
-// Activations stay in the caller's plain layout. Weights are constants of the compiled
-// module, so they are reordered into oneDNN's preferred layout once and cached with the
-// primitive, keyed by the weight pointer plus shapes and attrs.
+// Activations come and go in the caller's plain layout (NCHW or NHWC for conv, row-major for
+// matmul). Matmul and conv layout mode 1 compute on them in place; conv layout mode 0 lets
+// oneDNN choose its own (often blocked) activation layout and reorders into it and back around
+// each call. Weights are constants of the compiled module, so they are reordered into oneDNN's
+// preferred layout once and cached with the primitive, keyed by the weight pointer plus shapes
+// and attrs.
 
 #include <dnnl.hpp>
 
@@ -320,7 +323,8 @@ std::shared_ptr<ConvEntry> CreateConv(const TensorView& data, const TensorView& 
   }
   e->user_src_md = memory::desc(src_dims, dt::f32, act_tag);
   e->user_dst_md = memory::desc(dst_dims, dt::f32, act_tag);
-  // layout 1 pins activations to NCHW (no reorders, but oneDNN may pick a slower kernel);
+  // layout 1 pins activations to the caller's layout (no reorders, but oneDNN may pick a
+  // slower kernel);
   // layout 0 lets oneDNN choose and reorders activations in and out around the call.
   bool plain = a[kConvLayout] == 1;
   // bf16 compute: source and weights in bf16 (the source converted by the reorder in, which
@@ -555,31 +559,5 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            [](int64_t n) {
              std::lock_guard<std::mutex> lock(g_mu);
              GetRuntime().num_threads = static_cast<int>(n);
-           })
-      .def("tvmopt.onednn.get_num_threads",
-           []() -> int64_t {
-#ifdef _OPENMP
-             ApplyThreads();
-             return omp_get_max_threads();
-#else
-             return 1;
-#endif
-           })
-      .def("tvmopt.onednn.clear_cache",
-           []() {
-             std::lock_guard<std::mutex> lock(g_mu);
-             g_conv_cache.clear();
-             g_matmul_cache.clear();
-           })
-      .def("tvmopt.onednn.cache_size",
-           []() -> int64_t {
-             std::lock_guard<std::mutex> lock(g_mu);
-             return static_cast<int64_t>(g_conv_cache.size() + g_matmul_cache.size());
-           })
-      .def("tvmopt.onednn.version", []() -> tvm::ffi::String {
-        const dnnl_version_t* v = dnnl_version();
-        std::ostringstream os;
-        os << v->major << '.' << v->minor << '.' << v->patch << '+' << v->hash;
-        return os.str();
-      });
+           });
 }

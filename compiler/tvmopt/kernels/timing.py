@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import cache_root
+
 CACHE_NAME = "dispatch-timings.json"
 # Changes when the way kernels are timed changes, so older cached timings are not reused.
 TIMING_METHOD = "both-sides-on-the-openmp-team"
@@ -30,12 +32,6 @@ TIMING_METHOD = "both-sides-on-the-openmp-team"
 FOREIGN_LOAD_LIMIT = 0.25
 SPREAD = 1.3
 RETRIES = 2  # re-timings of an untrusted measurement before it is returned as it is
-
-
-def cache_dir() -> Path:
-    """The folder of tvmopt's caches: TVMOPT_CACHE_DIR, or ~/.cache/tvmopt when unset or empty."""
-    root = os.environ.get("TVMOPT_CACHE_DIR") or ""
-    return Path(root) if root.strip() else Path("~/.cache/tvmopt").expanduser()
 
 
 def host_id() -> str:
@@ -166,13 +162,13 @@ class TimingCache:
     """A JSON file of measured kernel timings; unreadable or foreign entries are ignored.
 
     Args:
-        path: the file (default: dispatch-timings.json in cache_dir()).
+        path: the file (default: dispatch-timings.json in the cache root).
         read: False ignores what the file holds (`compile --retime`); new timings still
             replace the old ones when saved.
     """
 
     def __init__(self, path: Path | None = None, read: bool = True):
-        self.path = path or cache_dir() / CACHE_NAME
+        self.path = path or cache_root() / CACHE_NAME
         self.data = {}
         try:
             data = json.loads(self.path.read_text())

@@ -16,10 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Bytes per element of each precision's storage type (fp8 and int8 are one byte).
-DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1,
-               "int32": 4, "int64": 8, "uint8": 1, "bool": 1}
-
 
 @dataclass(frozen=True)
 class Roof:

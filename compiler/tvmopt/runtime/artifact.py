@@ -18,7 +18,8 @@ from typing import Any
 
 from .. import __version__
 from ..errors import ArtifactError
-from ..frontend.onnx_model import TensorInfo, sha256_file
+from ..files import sha256_file
+from ..tensor_info import TensorInfo
 
 MANIFEST = "manifest.json"
 LIBRARY = "model.so"

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .artifact import Artifact, read_artifact
-from ..errors import ArtifactError, RunError, ShapeError
+from ..errors import ArtifactError, RunError, ShapeError, error_line
 from ..frontend.narrow_types import by_name, contiguous, from_carrier, np_dtype, to_carrier
-from ..frontend.onnx_model import TensorInfo, nonfinite_line
+from ..frontend.onnx_model import nonfinite_line
 from ..targets.registry import check_host_can_run
+from ..tensor_info import TensorInfo
 
 
 def check_inputs(expected: list[TensorInfo], given: dict[str, np.ndarray]) -> dict[str, int]:
@@ -110,7 +111,7 @@ class LoadedModel:
         try:
             result = self.run_device(self.to_device(feeds))
         except Exception as err:  # the VM's own checks (a run-time shape or value it refuses)
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+            reason = error_line(err)
             shapes = ", ".join(f"{k}{list(np.shape(v))}" for k, v in feeds.items())
             raise RunError(f"running the model on inputs {shapes} failed: {reason}") from err
         arrays = flatten_result(result)
@@ -142,7 +143,7 @@ def _load_required_libraries(art) -> None:
         try:
             onednn.load_extension()
         except Exception as err:  # noqa: BLE001 - a missing library is the user's to fix
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            reason = error_line(err)
             raise ArtifactError(f"{art.path}: built with oneDNN kernels (--dispatch), but the "
                                 f"oneDNN extension cannot be loaded here: {reason}; rebuild with "
                                 "--dispatch codegen") from None
@@ -175,7 +176,7 @@ def load(path, check_host: bool = True) -> LoadedModel:
             lib = tvm.runtime.load_module(str(art.library))
     except Exception as err:
         raise ArtifactError(f"{art.library}: cannot load the compiled library: "
-                            f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}") from None
+                            f"{error_line(err)}") from None
     dev = _device_for(art.manifest)
     return LoadedModel(art, relax.VirtualMachine(lib, dev), dev)
 

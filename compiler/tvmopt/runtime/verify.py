@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..errors import VerificationError
+from ..errors import VerificationError, error_line
 from ..frontend.narrow_types import like_narrow
 
 
@@ -53,7 +53,7 @@ def run_onnxruntime(model_path: str, feeds: dict[str, np.ndarray]) -> dict[str, 
         return dict(zip(names, sess.run(names, feeds)))
     except Exception as err:  # onnxruntime raises its own Fail/InvalidArgument/RuntimeException
         shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = error_line(err)
         raise VerificationError(f"the reference, onnxruntime, cannot run {model_path} on inputs "
                                 f"{shapes}: {reason}") from None
 

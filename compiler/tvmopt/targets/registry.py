@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._data import data_dir
-from ..errors import TargetError
+from ..errors import TargetError, error_line
 
 # Keys a target file may have at top level; anything else is a typo and is rejected.
 _TOP_KEYS = {
@@ -114,7 +114,7 @@ class HardwareTarget:
             return tvm.target.Target(self.tvm_dict())
         except Exception as err:  # TVM raises plain ValueError/TVMError on bad dicts
             raise TargetError(f"target '{self.name}' ({self.path}): TVM rejects {self.tvm_dict()}: "
-                              f"{str(err).splitlines()[0]}") from None
+                              f"{error_line(err)}") from None
 
     def summary(self) -> dict[str, Any]:
         """A JSON-friendly view of the whole entry."""

@@ -29,7 +29,7 @@ def _target_intrinsic_modules(target) -> list[str]:
 def load_target_intrinsics(target) -> list[str]:
     """Register only `target`'s tensor intrinsics, not all of tvm.s_tir.tensor_intrin.
 
-    The package's __init__ parses every family's TVMScript (~39 s on 2 cores, mostly CUDA);
+    The package's __init__ parses every family's TVMScript, CUDA's above all, which is slow;
     MetaSchedule imports it in each builder worker and in TuneContext, which makes every build
     time out with the default builder. A bare package object in sys.modules lets the target's
     own submodule load alone. Does nothing if the full package is already imported.

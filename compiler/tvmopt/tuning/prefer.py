@@ -138,9 +138,9 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
             names[name] = fname
         rng = np.random.default_rng(0)
         dev = tvm.cpu()
-        tuned_cfg = pipeline.PipelineConfig(database=replay.db, weight_prepack=weight_prepack,
-                                            channels_last=False)
-        default_cfg = pipeline.PipelineConfig(channels_last=False)
+        tuned_cfg = pipeline.PipelineConfig(dispatch="codegen", database=replay.db,
+                                            weight_prepack=weight_prepack, channels_last=False)
+        default_cfg = pipeline.PipelineConfig(dispatch="codegen", channels_last=False)
         with pipeline.unrecorded(), tempfile.TemporaryDirectory(prefix="tvmopt-prefer-") as tmp:
             vms = {}
             for side, cfg in (("tuned", tuned_cfg), ("default", default_cfg)):

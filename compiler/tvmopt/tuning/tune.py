@@ -218,7 +218,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     from tvm.s_tir import meta_schedule as ms
 
     from .. import stage
-    from ..frontend.onnx_model import sha256_file
+    from ..files import sha256_file
 
     stage.enter("tuning", str(opts.model))
     from ..targets.registry import get_target

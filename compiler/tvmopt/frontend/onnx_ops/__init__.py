@@ -30,16 +30,30 @@ def register(*op_types: str):
 
     It takes a converter class as TVM writes them (`get_converter(opset)` returning
     `convert(bb, inputs, attr, params)`), or a plain function `convert(bb, inputs, attr, params,
-    opset)`, which is returned unchanged.
+    opset)`, which is returned unchanged. An op type has one converter, covering every opset: a
+    converter that builds on another calls it rather than registering the same op again.
+
+    Raises:
+        ValueError: an op type already has a converter (otherwise the module imported last would
+            silently win).
     """
 
     def wrap(obj):
         entry = obj if isinstance(obj, type) else _FunctionConverter(obj)
         for op in op_types:
+            if op in _REGISTRY:
+                raise ValueError(f"ONNX op {op} already has a converter: "
+                                 f"{_describe(_REGISTRY[op])}; not registering {_describe(entry)}")
+        for op in op_types:
             _REGISTRY[op] = entry
         return obj
 
     return wrap
+
+
+def _describe(entry) -> str:
+    obj = entry.fn if isinstance(entry, _FunctionConverter) else entry
+    return f"{obj.__module__}.{obj.__qualname__}"
 
 
 _loaded = False

@@ -372,10 +372,3 @@ def wrap_int(bb, x, t: NarrowType):
         sign = _const(1 << (t.bits - 1), "int64")
         v = relax.op.subtract(relax.op.bitwise_xor(v, sign), sign)
     return relax.op.astype(v, t.carrier)
-
-
-def saturate_int(bb, x, t_range: tuple[int, int], carrier: str):
-    """int value -> carrier, clipped to the range (quantization)."""
-    from tvm import relax
-
-    return relax.op.astype(relax.op.clip(x, t_range[0], t_range[1]), carrier)

@@ -1,6 +1,7 @@
 """CumSum/CumProd through TOPI (relax.op.cumsum/cumprod are not legalized for llvm here; CumProd
-is missing from TVM's map; registered in run_time_operands.py, which adds a run-time axis) and
-LpNormalization, which TVM's map lacks."""
+is missing from TVM's map), LpNormalization, which TVM's map lacks, and ReduceLogSumExp. The scans
+and ReduceLogSumExp are registered in run_time_operands.py, which wraps them to add run-time
+axes."""
 
 from __future__ import annotations
 
@@ -61,7 +62,6 @@ def _reduce_axes(inputs, attr, rank: int):
     return sorted(a + rank if a < 0 else a for a in axes)
 
 
-@register("ReduceLogSumExp")
 def reduce_log_sum_exp(bb, inputs, attr, params, opset):
     """log(sum(exp(x))) shifted by the max, in the input dtype (TVM's failed for float64)."""
     import numpy as np

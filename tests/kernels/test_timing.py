@@ -1,0 +1,78 @@
+"""kernels.timing: a measurement taken on a busy or noisy machine is re-timed, and if it stays
+untrusted it is used but never cached; --retime ignores the cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tvmopt.kernels import timing
+from tvmopt.kernels.timing import Measurement, TimingCache
+
+
+def test_trust_needs_a_quiet_machine_and_close_samples():
+    assert Measurement(1.0, 1.1, 0.0).trusted
+    assert not Measurement(1.0, 1.1, 0.9).trusted  # another process used most of a core
+    assert "0.90 cores" in Measurement(1.0, 1.1, 0.9).why_untrusted()
+    assert not Measurement(1.0, 2.0, 0.0).trusted  # median twice the best sample
+    assert "spread" in Measurement(1.0, 2.0, 0.0).why_untrusted()
+
+
+def test_an_untrusted_measurement_is_retimed_and_the_best_trusted_one_kept(monkeypatch):
+    samples = iter([(1.0, 3.0, 0.0), (2.0, 2.1, 0.0)])  # noisy, then a trusted one
+    monkeypatch.setattr(timing, "_sample", lambda f, inputs: next(samples))
+    m = timing.measure_call({"k": None}, "k", [])
+    assert (m.ms, m.trusted, m.attempts) == (2.0, True, 2)
+
+
+def test_a_measurement_that_stays_untrusted_says_so(monkeypatch):
+    monkeypatch.setattr(timing, "_sample", lambda f, inputs: (1.0, 1.0, 1.5))
+    m = timing.measure_call({"k": None}, "k", [])
+    assert not m.trusted and m.attempts == timing.RETRIES + 1
+
+
+def test_foreign_load_is_measured_from_other_processes_cpu_time(monkeypatch):
+    clock = iter([(10.0, 1.0), (12.0, 1.0)])  # 2 s of other processes' CPU, none of ours
+    monkeypatch.setattr(timing, "_busy_seconds", lambda: next(clock))
+    _, _, foreign = timing._sample(lambda: None, [])
+    assert foreign > 1.0  # two CPU seconds over a sub-second wall time
+
+
+def test_retime_ignores_the_cache_but_saves_the_new_timings(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"k": {"kernel": "w", "library_ms": 1.0, "codegen_ms": 2.0}}))
+    assert TimingCache(path).get("k") == (1.0, 2.0)
+    fresh = TimingCache(path, read=False)
+    assert fresh.get("k") is None
+    fresh.put("k", "w", library_ms=3.0, codegen_ms=4.0)
+    fresh.save()
+    assert TimingCache(path).get("k") == (3.0, 4.0)
+
+
+def test_untrusted_kernel_timings_are_not_cached_and_compile_says_so(tmp_path, monkeypatch):
+    onednn = pytest.importorskip("tvmopt.kernels.onednn")
+    try:
+        onednn.load_extension()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.kernels import dispatch
+    from tvmopt.runtime.in_memory import host_target
+
+    from .test_onednn import _small_cnn
+
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
+    busy = Measurement(1.0, 1.0, 1.7, timing.RETRIES + 1)
+    monkeypatch.setattr(dispatch, "measure_call", lambda vm, name, inputs: busy)
+    import onnx
+
+    mod = import_onnx(onnx.load(_small_cnn(tmp_path / "cnn.onnx"))).mod
+    cfg = pipeline.PipelineConfig(dispatch="auto")
+    pipeline.optimize(mod, host_target().to_tvm(), cfg, until="dispatch")
+    assert cfg.dispatch_choices and not any(c.trusted for c in cfg.dispatch_choices)
+    assert all("1.70 cores" in c.note for c in cfg.dispatch_choices)
+    assert any("not cached" in n for n in cfg.notes)
+    saved = tmp_path / "cache" / timing.CACHE_NAME
+    assert not saved.exists() or json.loads(saved.read_text()) == {}

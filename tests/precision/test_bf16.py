@@ -1,0 +1,226 @@
+"""bf16 on CPUs with bf16 matrix/dot-product units: which targets offer it, the library kernels'
+numerics, the per-kernel choice and the accuracy gate that gives bf16 back kernel by kernel."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tvmopt.errors import TvmoptError
+from tvmopt.precision.schemes import library_compute
+from tvmopt.targets.registry import get_target, host_cpu_features
+
+BF16_UNITS = ("amx_bf16", "avx512_bf16")
+
+
+def needs_bf16_host():
+    if not set(BF16_UNITS) & host_cpu_features():
+        pytest.skip(f"this CPU has neither {' nor '.join(BF16_UNITS)} (bf16 library kernels)")
+    od = pytest.importorskip("tvmopt.kernels.onednn")
+    try:
+        od.load_extension()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"oneDNN extension unavailable here: {err}")
+
+
+@pytest.mark.parametrize("target, precision, expect", [
+    ("x86-sapphirerapids", "auto", ("fp32", "bf16")),
+    ("x86-zen4", "auto", ("fp32", "bf16")),
+    ("x86-sapphirerapids", "bf16", ("fp32", "bf16")),
+    ("x86-sapphirerapids", "fp32", ("fp32",)),  # fp32 is exact: no bf16 anywhere
+    ("x86-avx512", "auto", ("fp32",)),  # VNNI but no bf16 unit
+    ("x86-avx2", "auto", ("fp32",)),  # an AVX2 host stays fp32
+    ("x86-avx2", "bf16", ("fp32",)),
+    ("a100", "auto", ("fp32",)),  # GPUs: bf16 is a graph rewrite there, not library kernels
+])
+def test_which_targets_offer_bf16_library_kernels(target, precision, expect):
+    assert library_compute(get_target(target), precision) == expect
+
+
+def test_bf16_without_a_bf16_unit_is_refused_with_the_reason():
+    from tvmopt.precision.costs import KernelPlan
+    from tvmopt.precision.policy import decide
+
+    k = KernelPlan("m", ["matmul"], 1e9, 1e6, 1e5, 1e6, False, True)
+    prec, decisions = decide(get_target("x86-avx2"), [k], "bf16")
+    assert prec == "fp32"
+    assert any(d.precision == "bf16" and d.action == "downgraded" and "no fast bf16" in d.reason
+               for d in decisions)
+
+
+def test_host_detection_passes_the_matrix_units_to_llvm(monkeypatch):
+    from tvm.target import codegen
+
+    from tvmopt.targets import registry
+
+    flags = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vnni",
+             "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}
+    monkeypatch.setattr(codegen, "llvm_get_system_cpu", lambda: "rocketlake")
+    monkeypatch.setattr(registry, "host_cpu_features", lambda: set(flags))
+    monkeypatch.setattr(registry, "host_arch", lambda: "x86_64")
+    host = registry.detect_host()
+    assert host.tvm["mcpu"] == "rocketlake"  # what LLVM says; the flags add the rest
+    assert {"+amx-bf16", "+amx-int8", "+amx-tile", "+avx512bf16"} <= set(host.tvm["mattr"])
+    assert {"amx_bf16", "amx_int8", "avx512_bf16", "avx512_fp16"} <= set(host.features)
+    assert "figures from 'x86-sapphirerapids'" in host.description
+    assert host.peak_gflops["bf16"].value > host.peak_gflops["fp32"].value
+    host.to_tvm()  # LLVM accepts the features
+
+
+def test_bf16_library_kernels_match_onnxruntime_to_bf16_precision(tmp_path):
+    needs_bf16_host()
+    import onnxruntime as ort
+    import tvm
+    from onnx import helper
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.interface.gate import relative_error
+    from tvmopt.kernels import onednn as od
+    from tvmopt.runtime.in_memory import host_target
+
+    from ..kernels.test_onednn import make_model
+
+    rng = np.random.default_rng(0)
+    inits = {"w": rng.standard_normal((32, 16, 3, 3)).astype("float32") * 0.1,
+             "b": rng.standard_normal(32).astype("float32"),
+             "r": rng.standard_normal((1, 32, 14, 14)).astype("float32"),
+             "s": np.array([1, -1], dtype=np.int64),
+             "w2": rng.standard_normal((32 * 14 * 14, 24)).astype("float32") * 0.02,
+             "b2": rng.standard_normal(24).astype("float32")}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4),
+             helper.make_node("Relu", ["c"], ["a"]),
+             helper.make_node("Add", ["a", "r"], ["res"]),  # the residual (sum post-op)
+             helper.make_node("Reshape", ["res", "s"], ["f"]),
+             helper.make_node("MatMul", ["f", "w2"], ["m"]),
+             helper.make_node("Add", ["m", "b2"], ["y"])]
+    model = make_model(nodes, [("x", [1, 16, 14, 14])], "y", inits)
+    x = rng.standard_normal((1, 16, 14, 14)).astype("float32")
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    target = host_target().to_tvm()
+    front = pipeline.optimize(import_onnx(model).mod, target,
+                              pipeline.PipelineConfig(dispatch="codegen"), until="layout")
+    errors = {}
+    for compute in ("fp32", "bf16"):
+        mod = od.lower(od.partition(front), None, compute=compute)
+        text = mod["main"].script(show_meta=False)
+        assert text.count('R.call_dps_packed("tvmopt.onednn.') == 2
+        ex = pipeline.build(mod, target, pipeline.PipelineConfig(dispatch="codegen"),
+                            start_after="dispatch")
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        for _ in range(2):  # the second call reuses the cached primitive and bf16 weights
+            out = vm["main"](tvm.runtime.tensor(x)).numpy()
+        errors[compute] = relative_error({"y": out}, {"y": ref})[0]
+    assert errors["fp32"] < 1e-5
+    # bf16 keeps 8 bits of mantissa: errors of a few 1e-3 of the output's range, not 1e-6
+    assert 1e-5 < errors["bf16"] < 2e-2, errors
+
+
+def _compile(model, out, **kw):
+    from tvmopt.interface.compile import CompileOptions, compile_model
+
+    logged = []
+    res = compile_model(CompileOptions(model=model, output=str(out), target="host",
+                                       dispatch="auto", **kw), log=logged.append)
+    return res, logged
+
+
+@pytest.fixture
+def bf16_always_faster(tmp_path, monkeypatch):
+    """Timings where bf16 beats fp32 and codegen on every kernel, so the choice (and what the
+    gate does with it) does not depend on this machine's load. kernels.dispatch times each
+    workload as oneDNN fp32, oneDNN bf16, then the default schedules."""
+    from itertools import cycle
+
+    from tvmopt.kernels import dispatch, timing
+
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
+    ms = cycle([2.0, 1.0, 4.0])
+    monkeypatch.setattr(dispatch, "measure_call",
+                        lambda vm, name, inputs: timing.Measurement(*(2 * [next(ms)]), 0.0))
+
+
+def _cnn(tmp_path):
+    from ..kernels.test_onednn import _small_cnn
+
+    return _small_cnn(tmp_path / "cnn.onnx")
+
+
+def test_auto_keeps_bf16_where_it_is_faster_and_within_the_gate(tmp_path, bf16_always_faster):
+    needs_bf16_host()
+    res, logged = _compile(_cnn(tmp_path), tmp_path / "a", verify=True)
+    m = res.artifact.manifest
+    choices = m["kernels"]["choices"]
+    assert choices and all(c["choice"] == "library" and c["precision"] == "bf16"
+                           for c in choices)
+    assert all(c["library_bf16_ms"] == 1.0 and c["library_ms"] == 2.0 for c in choices)
+    prec = m["precision"]
+    assert prec["default"] == "bf16"
+    gate = prec["gate"]
+    assert gate["limit"] == 0.02 and gate["limit_from"] == "default"
+    assert gate["reference"] == "onnxruntime" and gate["inputs"].startswith("seeded random")
+    assert len(gate["attempts"]) == 1 and gate["attempts"][0]["passed"]
+    assert 0 < gate["attempts"][0]["error"] <= 0.02
+    assert gate["result"].startswith("kept bf16") and gate["fp32_only"] == []
+    assert any("gate: error" in line and "passed" in line for line in logged)
+    # --verify checked it to the gate's limit (fp32's 1e-4 would fail a bf16 build)
+    assert all(e.mismatched == 0 for e in res.verification)
+    assert res.verification[0].max_abs > 1e-6  # it did run in bf16
+
+
+def test_a_gate_breach_gives_bf16_back_kernel_by_kernel(tmp_path, bf16_always_faster):
+    needs_bf16_host()
+    res, logged = _compile(_cnn(tmp_path), tmp_path / "a", max_error=1e-9)
+    m = res.artifact.manifest
+    gate = m["precision"]["gate"]
+    assert gate["limit_from"] == "--max-error"
+    attempts = gate["attempts"]
+    # three bf16 workloads: half (2) back, then the last one; nothing left in bf16 after
+    assert [a["lower_workloads"] for a in attempts] == [3, 1]
+    assert not any(a["passed"] for a in attempts)
+    assert gate["result"].startswith("fp32") and len(gate["fp32_only"]) == 3
+    choices = m["kernels"]["choices"]
+    assert all(c["precision"] == "fp32" for c in choices)
+    assert all("taken back by the accuracy gate" in c["note"] for c in choices)
+    assert m["precision"]["default"] == "fp32"
+    assert sum("back to fp32, rebuilding" in line for line in logged) == 2
+
+
+def test_precision_fp32_times_no_bf16_and_runs_no_gate(tmp_path, bf16_always_faster):
+    needs_bf16_host()
+    res, _ = _compile(_cnn(tmp_path), tmp_path / "a", precision="fp32")
+    m = res.artifact.manifest
+    assert all(c["library_bf16_ms"] is None and c["precision"] == "fp32"
+               for c in m["kernels"]["choices"])
+    assert "gate" not in m["precision"] and m["precision"]["default"] == "fp32"
+
+
+def test_calibration_inputs_feed_the_gate(tmp_path, bf16_always_faster):
+    needs_bf16_host()
+    cal = tmp_path / "cal.npz"
+    np.savez(cal, x=np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype("float32"))
+    res, _ = _compile(_cnn(tmp_path), tmp_path / "a", calibration=str(cal))
+    assert res.artifact.manifest["precision"]["gate"]["inputs"] == "--calibration cal.npz"
+
+
+def test_a_calibration_file_that_does_not_fit_the_model_is_refused(tmp_path):
+    from tvmopt.interface.gate import load_calibration
+    from tvmopt.tensor_info import TensorInfo
+
+    inputs = [TensorInfo("x", "float32", (1, 8, 16, 16))]
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, y=np.zeros((1, 8, 16, 16), "float32"))
+    with pytest.raises(TvmoptError, match="missing \\['x'\\], unknown \\['y'\\]"):
+        load_calibration(str(bad), inputs)
+    rank = tmp_path / "rank.npz"
+    np.savez(rank, x=np.zeros((8, 16, 16), "float32"))
+    with pytest.raises(TvmoptError, match="input 'x' has shape"):
+        load_calibration(str(rank), inputs)
+    junk = tmp_path / "junk.npz"
+    junk.write_text("not a zip")
+    with pytest.raises(TvmoptError, match="cannot read"):
+        load_calibration(str(junk), inputs)
