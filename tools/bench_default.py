@@ -1,12 +1,17 @@
-"""Untuned speed: tvmopt with no database against onnxruntime and PyTorch, same run, same threads.
+"""Untuned speed: tvmopt with no database against onnxruntime, OpenVINO and PyTorch, same run,
+same threads, each runtime in its own process.
 
 Builds ResNet-18, MobileNetV2, a 4-layer BERT encoder and a 4-layer GPT-2 decoder (hidden 256,
 seq 128), plus a ConvNeXt-style CNN and a wide MLP (`tools/torch_models.py`, random weights,
 fixed seeds), exported with torch.onnx.export at opset 17 at each batch size; compiles each with
-`--dispatch codegen` (the default schedules) and `--dispatch auto` (oneDNN per kernel where it
-times faster), no tuning database; then times tvmopt (both), onnxruntime (CPU provider) and
-PyTorch eager interleaved in blocks, every runtime on the same number of threads, and prints
-medians, P95, ratios to onnxruntime, the geometric means and the compile times.
+every `--dispatch` and `--precision` given (default: `--dispatch codegen,auto`, precision auto,
+which on a CPU with AMX or AVX512-BF16 puts bf16 library kernels where each times faster, behind
+the accuracy gate), no tuning database. Then every runtime runs in a worker process of its own
+(tvmopt.bench.isolated): tvmopt's builds, onnxruntime (CPU provider), OpenVINO with its default
+precision (bf16 on AMX) and with the fp32 hint (when `openvino` is installed), and PyTorch eager,
+timed in blocks whose order alternates by round. Prints medians, P95, ratios to onnxruntime,
+each runtime's error against onnxruntime, the geometric means, the compile times and the host
+(CPU model and the features that decide precision).
 
 `--models hf:resnet50,hf:vit_small,...` takes published architectures from `transformers`
 instead (tools/hf_models.py: upstream implementations, random weights): models this project's
@@ -14,6 +19,8 @@ rules were not written against.
 
 Usage:
   python tools/bench_default.py [--models resnet18,bert4l,hf:resnet50] [--batches 1,8]
+                                [--dispatch auto] [--precision fp32,auto]
+                                [--baselines onnxruntime,openvino,openvino-f32,torch]
                                 [--threads 2] [--runs 20] [--out DIR] [--json results.json]
   python tools/bench_default.py --markdown-from results.json   # the tables in docs/
 """
@@ -28,7 +35,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-GAP_S = 0.2  # idle time before each block: the previous runtime's spinning threads wind down
+BASELINES = ("onnxruntime", "openvino", "openvino-f32", "torch")
 
 
 def _args(argv):
@@ -42,6 +49,11 @@ def _args(argv):
     ap.add_argument("--runs", type=int, default=20, help="timed calls per runtime and row")
     ap.add_argument("--block", type=int, default=5, help="calls per runtime before switching")
     ap.add_argument("--dispatch", default="codegen,auto")
+    ap.add_argument("--precision", default="auto",
+                    help="tvmopt precisions to build (each with every --dispatch), e.g. fp32,auto")
+    ap.add_argument("--baselines", default=",".join(BASELINES),
+                    help="onnxruntime is always run (the ratios' base); openvino and "
+                         "openvino-f32 are skipped when openvino is not installed")
     ap.add_argument("--target", default="host",
                     help="tvmopt target; 'host' uses this CPU's vector width, as onnxruntime and "
                          "PyTorch do at run time ('x86' is the portable AVX2 build)")
@@ -62,48 +74,35 @@ def _geomean(ratios) -> float:
 def markdown(results: dict) -> str:
     """The rows of a --json results file as a Markdown table, then the geometric means."""
     rows = results["rows"]
-    runners = list(rows[0]["ms"])
-    modes = [r[len("tvmopt-"):] for r in runners if r.startswith("tvmopt-")]
+    runners = [k for k in rows[0]["ms"] if all(k in r["ms"] for r in rows)]
+    builds = [r for r in runners if r.startswith("tvmopt-")]
     others = [r for r in runners if not r.startswith("tvmopt-") and r != "onnxruntime"]
-    head = (["model", "batch"] + [f"tvmopt {m} P50 (x ort)" for m in modes]
+    head = (["model", "batch"] + [f"{b} P50 (x ort)" for b in builds]
             + ["onnxruntime P50"] + [f"{o} P50 (x ort)" for o in others]
-            + ["compile " + " / ".join(modes)])
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            + ["compile " + " / ".join(b[len("tvmopt-"):] for b in builds)])
+    host = results.get("host")
+    out = []
+    if isinstance(host, dict):
+        out += [f"Host: {host['cpu']}, {host['cores']} cores ({' '.join(host['features'])}); "
+                f"{results['threads']} threads per runtime, "
+                f"{results.get('isolation', 'one process')}.", ""]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cell = {k: f"{v['p50']:.2f} ms ({v['ratio_to_ort']:.2f}x)" for k, v in r["ms"].items()}
         out.append("| " + " | ".join(
-            [r["model"], str(r["batch"])] + [cell[f"tvmopt-{m}"] for m in modes]
+            [r["model"], str(r["batch"])] + [cell[b] for b in builds]
             + [f"{r['ms']['onnxruntime']['p50']:.2f} ms"] + [cell[o] for o in others]
-            + [" / ".join(f"{r['compile_s'][m]:.1f} s" for m in modes)]) + " |")
-    out += ["", "| rows | " + " | ".join(modes + others) + " |",
-            "|---|" + "---|" * (len(modes) + len(others))]
+            + [" / ".join(f"{r['compile_s'][b[len('tvmopt-'):]]:.1f} s" for b in builds)])
+            + " |")
+    out += ["", "| rows | " + " | ".join(builds + others) + " |",
+            "|---|" + "---|" * (len(builds) + len(others))]
     ratio = {k: [r["ms"][k]["ratio_to_ort"] for r in rows] for k in runners}
     out.append(f"| {len(rows)} rows, geometric mean (worst) | " + " | ".join(
-        f"{_geomean(ratio[k]):.2f}x ({max(ratio[k]):.2f}x)"
-        for k in [f"tvmopt-{m}" for m in modes] + others) + " |")
+        f"{_geomean(ratio[k]):.2f}x ({max(ratio[k]):.2f}x)" for k in builds + others) + " |")
+    if all("rel_err" in r for r in rows):
+        out.append("| largest error vs onnxruntime (max abs / max ref) | " + " | ".join(
+            f"{max(r['rel_err'][k] for r in rows):.1e}" for k in builds + others) + " |")
     return "\n".join(out)
-
-
-def _interleaved(runners: dict, runs: int, block: int) -> dict[str, list[float]]:
-    """ms per call for each runner, alternating blocks of `block` calls; the first call of
-    each block is dropped, and each block starts after an idle gap: onnxruntime's and OpenMP's
-    pools keep spinning after a call and slow whichever runtime runs next on 2 cores (measured:
-    a mixed oneDNN/TVM model 2x slower for tens of ms after an onnxruntime run)."""
-    import numpy as np
-
-    times = {k: [] for k in runners}
-    for f in runners.values():  # warm-up: first-call costs (oneDNN weight reorders) excluded
-        f()
-        f()
-    while min(len(v) for v in times.values()) < runs:
-        for name, f in runners.items():
-            time.sleep(GAP_S)
-            for i in range(block + 1):
-                t0 = time.perf_counter()
-                f()
-                if i:
-                    times[name].append((time.perf_counter() - t0) * 1e3)
-    return {k: np.asarray(v[:runs]) for k, v in times.items()}
 
 
 def _source(name: str):
@@ -117,6 +116,61 @@ def _source(name: str):
     return torch_models, name
 
 
+def host_description() -> dict:
+    """The CPU every figure of a run comes from, and the features that decide precision."""
+    import platform
+
+    from tvmopt.targets.registry import host_cpu_features
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f
+                          if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    feats = host_cpu_features()
+    keys = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
+            "amx_bf16", "amx_int8", "asimddp", "i8mm", "bf16")
+    return {"cpu": model or platform.processor() or platform.machine(),
+            "machine": platform.machine(), "cores": os.cpu_count(),
+            "features": [k for k in keys if k in feats]}
+
+
+def _variants(args) -> list[tuple[str, str, str]]:
+    """(runner name, dispatch, precision) of each tvmopt build."""
+    precisions = args.precision.split(",")
+    out = []
+    for mode in args.dispatch.split(","):
+        for prec in precisions:
+            name = f"tvmopt-{mode}" + (f"-{prec}" if len(precisions) > 1 else "")
+            out.append((name, mode, prec))
+    return out
+
+
+def _baseline_specs(args, path, source, name, batch) -> dict:
+    from importlib.util import find_spec
+
+    from tvmopt.bench.isolated import Spec
+
+    wanted = [b for b in args.baselines.split(",") if b]
+    bad = [b for b in wanted if b not in BASELINES]
+    if bad:
+        raise SystemExit(f"--baselines: unknown {bad} (choose from {', '.join(BASELINES)})")
+    specs = {"onnxruntime": Spec("onnxruntime", path)}
+    if find_spec("openvino") is not None:
+        if "openvino" in wanted:
+            specs["openvino"] = Spec("openvino", path)
+        if "openvino-f32" in wanted:
+            specs["openvino-f32"] = Spec("openvino", path, precision="f32")
+    elif any(b.startswith("openvino") for b in wanted):
+        print("openvino not installed: its baselines are skipped (pip install 'tvmopt[baselines]')")
+    if "torch" in wanted:
+        specs["torch"] = Spec("torch", builder=f"{source.__name__}:build", builder_args=(name,),
+                              sys_path=(str(HERE),))
+    return specs
+
+
 def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
     args = _args(argv)
@@ -126,54 +180,58 @@ def main(argv=None) -> int:
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))  # before TVM loads
 
     import numpy as np
-    import onnxruntime as ort
-    import torch
 
     import tvmopt
+    from tvmopt.bench.isolated import Spec, Worker, interleaved
+    from tvmopt.interface.gate import relative_error
 
-    torch.set_num_threads(args.threads)
+    host = host_description()
+    print(f"host: {host['cpu']} ({host['cores']} cores; {' '.join(host['features'])}); "
+          f"{args.threads} threads per runtime, each in its own process")
     out = Path(args.out)
     rows = []
     for full_name in args.models.split(","):
         source, name = _source(full_name)
         for batch in [int(b) for b in args.batches.split(",")]:
             path = source.export(name, str(out / "models"), batch)
-            x = source.example(name, batch)
-            feed = {"input": x.numpy()}
-            row = {"model": full_name, "batch": batch, "compile_s": {}, "ms": {}}
-            runners = {}
-            for mode in args.dispatch.split(","):
+            feed = {"input": source.example(name, batch).numpy()}
+            row = {"model": full_name, "batch": batch, "compile_s": {}, "ms": {},
+                   "precision": {}}
+            specs = {}
+            # Compiles first, while no worker exists: compile times kernels on this host.
+            for runner, mode, prec in _variants(args):
                 t0 = time.perf_counter()
                 res = tvmopt.compile_model(tvmopt.CompileOptions(
-                    model=path, target=args.target, dispatch=mode,
-                    output=str(out / "artifacts" / f"{name}_b{batch}_{mode}")),
+                    model=path, target=args.target, dispatch=mode, precision=prec,
+                    output=str(out / "artifacts" / f"{name}_b{batch}_{mode}_{prec}")),
                     log=lambda s: None)
-                row["compile_s"][mode] = round(time.perf_counter() - t0, 1)
+                key = runner[len("tvmopt-"):]
+                row["compile_s"][key] = round(time.perf_counter() - t0, 1)
                 kernels = res.artifact.manifest["kernels"]
-                row.setdefault("library_sites", {})[mode] = sum(
+                row.setdefault("library_sites", {})[key] = sum(
                     c["sites"] for c in kernels["choices"] if c["choice"] == "library")
-                lm = tvmopt.load(res.artifact.path)
-                runners[f"tvmopt-{mode}"] = (lambda lm=lm: lm.run(feed))
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = args.threads
-            so.inter_op_num_threads = 1
-            sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-            runners["onnxruntime"] = lambda: sess.run(None, feed)
-            model = source.build(name)
-
-            def eager(model=model, x=x):
-                with torch.inference_mode():
-                    return model(x)
-
-            runners["torch"] = eager
-            # Same answers first: a fast wrong kernel is not a result.
-            ref = sess.run(None, feed)[0]
-            for k, f in runners.items():
-                if k.startswith("tvmopt"):
-                    got = list(f().values())[0]
-                    err = float(np.max(np.abs(got - ref)) / (np.max(np.abs(ref)) + 1e-12))
-                    row.setdefault("rel_err", {})[k] = err
-            times = _interleaved(runners, args.runs, args.block)
+                specs[runner] = Spec("tvmopt", str(res.artifact.path))
+            specs.update(_baseline_specs(args, path, source, name, batch))
+            workers = {}
+            try:
+                for k, spec in specs.items():
+                    try:
+                        workers[k] = Worker(k, spec, args.threads, feed)
+                    except tvmopt.TvmoptError as err:
+                        print(f"  {k}: skipped ({err})")
+                # Same answers first: a fast wrong kernel is not a result. The error is
+                # max |out - onnxruntime| / max |onnxruntime| (what the accuracy gate uses).
+                ref = workers["onnxruntime"].outputs()
+                ref0 = next(iter(ref.values()))
+                for k, w in workers.items():
+                    got = next(iter(w.outputs().values()))
+                    row.setdefault("rel_err", {})[k] = relative_error({"o": got}, {"o": ref0})[0]
+                    if "precision" in w.info:
+                        row["precision"][k] = w.info["precision"]
+                times = interleaved(workers, args.runs, args.block)
+            finally:
+                for w in workers.values():
+                    w.close()
             ort_p50 = float(np.median(times["onnxruntime"]))
             for k, t in times.items():
                 p50, p95 = float(np.median(t)), float(np.percentile(t, 95))
@@ -181,7 +239,8 @@ def main(argv=None) -> int:
                                 "ratio_to_ort": round(p50 / ort_p50, 3)}
             rows.append(row)
             print(f"{name:15s} b{batch:<2d} " + "  ".join(
-                f"{k} {v['p50']:8.2f} ms ({v['ratio_to_ort']:.2f}x)" for k, v in row["ms"].items())
+                f"{k} {v['p50']:8.2f} ms ({v['ratio_to_ort']:.2f}x, err "
+                f"{row['rel_err'][k]:.1e})" for k, v in row["ms"].items())
                 + "  compile " + ", ".join(f"{m} {s}s" for m, s in row["compile_s"].items()),
                 flush=True)
 
@@ -192,17 +251,18 @@ def main(argv=None) -> int:
             f"{v['p50']:.2f} / {v['p95']:.2f} ({v['ratio_to_ort']:.2f}x)" for v in r["ms"].values())
             + " | " + ", ".join(f"{m} {s}" for m, s in r["compile_s"].items()))
     summary = {}
-    for k in rows[0]["ms"]:
+    common = [k for k in rows[0]["ms"] if all(k in r["ms"] for r in rows)]
+    for k in common:
         ratios = np.array([r["ms"][k]["ratio_to_ort"] for r in rows])
         summary[k] = {"geomean_ratio": round(_geomean(ratios), 3),
-                      "worst_ratio": round(float(ratios.max()), 3)}
+                      "worst_ratio": round(float(ratios.max()), 3),
+                      "worst_rel_err": max(r["rel_err"][k] for r in rows)}
         print(f"geomean ratio to onnxruntime, {k}: {summary[k]['geomean_ratio']:.2f}x "
-              f"(worst {summary[k]['worst_ratio']:.2f}x)")
+              f"(worst {summary[k]['worst_ratio']:.2f}x; error vs onnxruntime up to "
+              f"{summary[k]['worst_rel_err']:.1e})")
     if args.json_path:
-        import platform
-
         Path(args.json_path).write_text(json.dumps({
-            "threads": args.threads, "host": platform.processor() or platform.machine(),
+            "threads": args.threads, "host": host, "isolation": "one process per runtime",
             "tvm_num_threads": os.environ.get("TVM_NUM_THREADS"), "rows": rows,
             "summary": summary, "command": " ".join(sys.argv)}, indent=1))
     return 0

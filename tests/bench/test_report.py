@@ -51,7 +51,7 @@ def test_soak_ignores_growth_that_stops_after_warm_up():
 
 # ------------------------------------------------------------------------------------ options
 def test_options_reject_bad_values_with_the_choices():
-    with pytest.raises(BenchOptionError, match="choose from ort, torch, torch.compile"):
+    with pytest.raises(BenchOptionError, match="choose from ort, openvino, openvino-f32, torch, torch.compile"):
         BenchOptions(path="m.onnx", baselines=["tf"])
     with pytest.raises(BenchOptionError, match="poisson or burst"):
         BenchOptions(path="m.onnx", load="closed")

@@ -51,7 +51,7 @@ def test_bench_errors_are_one_line(tmp_path):
     assert res.exit_code == 1
     assert res.output.count("\n") == 1 and res.output.startswith("tvmopt: error:")
     res = CliRunner().invoke(main, ["bench", str(tmp_path / "m.onnx"), "--baselines", "tf"])
-    assert res.exit_code == 1 and "choose from ort, torch, torch.compile" in res.output
+    assert res.exit_code == 1 and "choose from ort, openvino, openvino-f32, torch, torch.compile" in res.output
 
 
 def _has_onnx2torch() -> bool:

@@ -232,6 +232,131 @@ class TorchRunner:
             self.fn(*self._tensors[(batch, size)])
 
 
+class OpenVinoRunner:
+    """OpenVINO on the CPU, `threads` inference threads, latency mode; with its default
+    precision (bf16 on CPUs with AMX) or an explicit hint ("f32"). The precision that ran is
+    read back from the compiled model."""
+
+    def __init__(self, model_path: str, factory: InputFactory, threads: int,
+                 precision: str | None = None):
+        from ..frontend.torch_program import is_torch_program
+
+        if is_torch_program(model_path):
+            raise BaselineUnavailable("OpenVINO reads ONNX models here; this is a torch.export "
+                                      "program (bench its .onnx export for this baseline)")
+        try:
+            import openvino as ov
+        except ImportError:
+            raise BaselineUnavailable("OpenVINO is not installed (pip install "
+                                      "'tvmopt[baselines]')") from None
+        self.name = "openvino" + (f"-{precision}" if precision else "")
+        self.factory = factory
+        config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+        if precision:
+            config["INFERENCE_PRECISION_HINT"] = precision
+        try:
+            self.compiled = ov.Core().compile_model(str(model_path), "CPU", config)
+        except Exception as err:
+            raise BaselineUnavailable(f"OpenVINO cannot compile it: {type(err).__name__}: "
+                                      f"{str(err).strip().splitlines()[0][:160]}") from None
+        hint = self.compiled.get_property("INFERENCE_PRECISION_HINT")  # an ov.Type
+        self.precision = getattr(hint, "get_type_name", lambda: str(hint))()
+        self.request = self.compiled.create_infer_request()
+
+    def prepare(self, batch: int, size: int | None = None) -> None:
+        self.request.infer(self.factory.feeds(batch, size))
+
+    def run(self, batch: int, size: int | None = None) -> None:
+        self.request.infer(self.factory.feeds(batch, size))
+
+
+BASELINE_RUNNERS = {
+    "ort": ("OrtRunner", {}),
+    "openvino": ("OpenVinoRunner", {}),
+    "openvino-f32": ("OpenVinoRunner", {"precision": "f32"}),
+    "torch": ("TorchRunner", {}),
+    "torch.compile": ("TorchRunner", {"compiled": True}),
+}
+
+
+def _serve_runner(conn, baseline: str, model_path: str, inputs, seed: int, threads: int):
+    """A baseline's worker process: builds the runner, then prepares and runs on request,
+    timing each call itself (the pipe's round trip is not part of the figure)."""
+    import os
+    import time
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    try:
+        cls, kwargs = BASELINE_RUNNERS[baseline]
+        runner = globals()[cls](model_path, InputFactory(inputs, seed=seed), threads, **kwargs)
+        conn.send(("ready", runner.name, getattr(runner, "precision", None)))
+    except BaselineUnavailable as err:
+        conn.send(("unavailable", str(err), None))
+        return
+    except Exception as err:  # noqa: BLE001 - reported as the baseline being unavailable
+        conn.send(("unavailable", f"{type(err).__name__}: {str(err).strip()[:160]}", None))
+        return
+    while True:
+        msg = conn.recv()
+        try:
+            if msg[0] == "prepare":
+                runner.prepare(*msg[1:])
+                conn.send(("ok",))
+            elif msg[0] == "run":
+                t0 = time.perf_counter()
+                runner.run(*msg[1:])
+                conn.send(("ran", time.perf_counter() - t0))
+            else:
+                return
+        except BaselineUnavailable as err:
+            conn.send(("unavailable", str(err)))
+        except Exception as err:  # noqa: BLE001
+            conn.send(("unavailable", f"{type(err).__name__}: {str(err).strip()[:160]}"))
+
+
+class ProcessRunner:
+    """A baseline in a worker process of its own, so its thread pool never competes with
+    tvmopt's or another baseline's inside one process. Each call is timed in the worker
+    (`measured_s`), which the harness uses instead of its own clock around the pipe."""
+
+    def __init__(self, baseline: str, model_path: str, factory: InputFactory, threads: int):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_runner, daemon=True, args=(
+            child, baseline, str(model_path), factory.inputs, factory.seed, threads))
+        self._proc.start()
+        kind, text, precision = self._conn.recv()
+        if kind != "ready":
+            self._proc.join(5)
+            raise BaselineUnavailable(text)
+        self.name, self.precision = text, precision
+        self.measured_s = None
+
+    def _ask(self, *msg):
+        self._conn.send(msg)
+        reply = self._conn.recv()
+        if reply[0] == "unavailable":
+            raise BaselineUnavailable(reply[1])
+        return reply
+
+    def prepare(self, batch: int, size: int | None = None) -> None:
+        self._ask("prepare", batch, size)
+
+    def run(self, batch: int, size: int | None = None) -> None:
+        self.measured_s = self._ask("run", batch, size)[1]
+
+    def close(self) -> None:
+        try:
+            self._conn.send(("stop",))
+        except (BrokenPipeError, OSError):
+            pass
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
 # ------------------------------------------------------------------------------------ fake
 class FakeRunner:
     """Fixed, known service times on a simulated clock.

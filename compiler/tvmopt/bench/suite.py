@@ -18,7 +18,7 @@ from ..frontend.onnx_model import parse_shapes
 from .runner import BaselineUnavailable
 
 SCHEMA = "tvmopt.bench/1"
-BASELINES = ("ort", "torch", "torch.compile")
+BASELINES = ("ort", "openvino", "openvino-f32", "torch", "torch.compile")
 LOADS = ("poisson", "burst")
 
 
@@ -186,7 +186,8 @@ def _find_model(entry: dict, artifact_path: str) -> str | None:
 
 # ------------------------------------------------------------------------------------ baselines
 def _make_baselines(opts, model, factory, log) -> tuple[list, dict]:
-    from .runner import OrtRunner, TorchRunner
+    """Each baseline in a worker process of its own (bench.runner.ProcessRunner)."""
+    from .runner import ProcessRunner
 
     runners, status = [], {}
     for name in opts.baselines:
@@ -196,14 +197,12 @@ def _make_baselines(opts, model, factory, log) -> tuple[list, dict]:
             continue
         stage.enter(f"baseline {name}", model)
         try:
-            if name == "ort":
-                runners.append(OrtRunner(model, factory, opts.threads))
-            else:
-                if Path(model).suffix.lower() == ".onnx":
-                    log(f"converting {Path(model).name} with onnx2torch for {name}")
-                runners.append(TorchRunner(model, factory, opts.threads,
-                                           compiled=(name == "torch.compile")))
-            status[name] = "ok"
+            if name.startswith("torch") and Path(model).suffix.lower() == ".onnx":
+                log(f"converting {Path(model).name} with onnx2torch for {name}")
+            r = ProcessRunner(name, model, factory, opts.threads)
+            runners.append(r)
+            # OpenVINO picks its precision from the CPU (bf16 on AMX): label what ran.
+            status[name] = "ok" + (f" (precision {r.precision})" if r.precision else "")
         except BaselineUnavailable as err:
             status[name] = f"unavailable: {err}"
     return runners, status
@@ -278,7 +277,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
                         f"{os.environ.get('TVM_NUM_THREADS')!r}, or the pool started earlier)")
     base_runners, doc["baselines"] = _make_baselines(opts, model, base_factory, log)
     for name, st in doc["baselines"].items():
-        if st != "ok":
+        if not st.startswith("ok"):
             warnings.append(f"baseline {name} {st}")
     # timing a model that computes NaN or Inf measures nothing worth having: say so up front
     from ..runtime.loader import nonfinite
@@ -315,6 +314,8 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
                             "the machine is too noisy to trust small differences")
         _ratios(rows)
         doc["closed_loop"] = rows
+        for br in base_runners:  # their worker processes are done
+            br.close()
 
         doc["profile"] = None
         if opts.profile_top > 0:

@@ -37,8 +37,10 @@ def _name_list(ctx, param, value) -> list[str]:
 @click.option("--max-seconds", type=float, default=10.0, show_default=True,
               help="Time budget per batch size of the sweep (stops --runs early).")
 @click.option("--baselines", default="", callback=_name_list,
-              help="Comma list of ort, torch (eager), torch.compile: a .pt2 runs its own module, an "
-                   ".onnx needs onnx2torch.")
+              help="Comma list of ort, openvino (its default precision: bf16 on AMX CPUs), "
+                   "openvino-f32 (its fp32 hint), torch (eager), torch.compile; each runs in a "
+                   "worker process of its own. OpenVINO needs pip install 'tvmopt[baselines]'; "
+                   "torch on a .pt2 runs its own module, on an .onnx needs onnx2torch.")
 @click.option("--threads", type=int, help="onnxruntime / torch threads [default: all cores].")
 @click.option("--load", type=click.Choice(["poisson", "burst"]),
               help="Open-loop load test through the dynamic-batching server.")
