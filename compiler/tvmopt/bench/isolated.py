@@ -162,13 +162,18 @@ class Worker:
         return self._conn.recv()[1]
 
     def close(self) -> None:
-        try:
-            self._conn.send(("stop",))
-        except (BrokenPipeError, OSError):
-            pass
-        self._proc.join(10)
-        if self._proc.is_alive():
-            self._proc.kill()
+        stop(self._conn, self._proc)
+
+
+def stop(conn, proc) -> None:
+    """Ask a worker to stop; kill it if it does not within a few seconds."""
+    try:
+        conn.send(("stop",))
+    except (BrokenPipeError, OSError):
+        pass
+    proc.join(10)
+    if proc.is_alive():
+        proc.kill()
 
 
 def interleaved(workers: dict[str, Worker], runs: int, block: int = 5,

@@ -348,13 +348,9 @@ class ProcessRunner:
         self.measured_s = self._ask("run", batch, size)[1]
 
     def close(self) -> None:
-        try:
-            self._conn.send(("stop",))
-        except (BrokenPipeError, OSError):
-            pass
-        self._proc.join(10)
-        if self._proc.is_alive():
-            self._proc.kill()
+        from .isolated import stop
+
+        stop(self._conn, self._proc)
 
 
 # ------------------------------------------------------------------------------------ fake

@@ -367,7 +367,26 @@ def register_tile(nvec_total: int, rows_opts, num_vector_regs: int):
     return None if best is None else best[1:]
 
 
-class ContractionRule(ScheduleRule):
+class _LLVMRule(ScheduleRule):
+    """A rule for LLVM targets whose failure on a kernel is recorded, not raised: the next
+    rule (or LLVM's default loop nest) gets the kernel."""
+
+    def is_target_available(self, target: Target) -> bool:
+        return _is_llvm(target)
+
+    def apply(self, func, target, tunable):  # pylint: disable=unused-argument
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        try:
+            return self._apply(func, target)
+        except Exception as err:  # pylint: disable=broad-except
+            return _fell_through(self, func, err)
+
+    def _apply(self, func, target):
+        raise NotImplementedError
+
+
+class ContractionRule(_LLVMRule):
     """Register-tiled schedule for a PrimFunc with one reduction block.
 
     The vector axis is the innermost output axis; the row axis is an output axis whose
@@ -382,17 +401,6 @@ class ContractionRule(ScheduleRule):
 
     def accepts(self, c: _Contraction) -> bool:  # pylint: disable=unused-argument
         return True
-
-    def is_target_available(self, target: Target) -> bool:
-        return _is_llvm(target)
-
-    def apply(self, func, target, tunable):  # pylint: disable=unused-argument
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        try:
-            return self._apply(func, target)
-        except Exception as err:  # pylint: disable=broad-except
-            return _fell_through(self, func, err)
 
     def _apply(self, func, target, pad=True):
         params = self.params or CPUParams.from_target(target)
@@ -688,33 +696,25 @@ class PoolRule(ContractionRule):
 # ---------------------------------------------------------------------------------------
 
 
-class ElementwiseRule(ScheduleRule):
+class ElementwiseRule(_LLVMRule):
     """Spatial-only PrimFuncs: inline what can be inlined, parallel outer, vector inner."""
 
     def __init__(self, params: CPUParams | None = None):
         self.params = params
 
-    def is_target_available(self, target: Target) -> bool:
-        return _is_llvm(target)
-
-    def apply(self, func, target, tunable):  # pylint: disable=unused-argument
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+    def _apply(self, func, target):
+        params = self.params or CPUParams.from_target(target)
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None or not infos or not all(b.is_injective() for b in infos):
             return None
-        try:
-            params = self.params or CPUParams.from_target(target)
-            sch = s_tir.Schedule(func)
-            infos = normalize_prim_func(sch)
-            if infos is None or not infos or not all(b.is_injective() for b in infos):
-                return None
-            outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(sch.get_sblock("root"))}
-            keep = {b.block_rv for b in infos if sch.get(b.block_rv).name_hint in outputs}
-            rest = _inline_spatial_producers(sch, infos, keep)
-            for info in rest:
-                dtype = sch.get(info.block_rv).writes[0].source.dtype
-                _parallel_vectorize(sch, info.block_rv, params.lanes(dtype))
-            return sch
-        except Exception as err:  # pylint: disable=broad-except
-            return _fell_through(self, func, err)
+        outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(sch.get_sblock("root"))}
+        keep = {b.block_rv for b in infos if sch.get(b.block_rv).name_hint in outputs}
+        rest = _inline_spatial_producers(sch, infos, keep)
+        for info in rest:
+            dtype = sch.get(info.block_rv).writes[0].source.dtype
+            _parallel_vectorize(sch, info.block_rv, params.lanes(dtype))
+        return sch
 
 
 def post_schedule_passes():
