@@ -141,7 +141,7 @@ def print_targets(targets) -> None:
                      *(_peak_cell(x, d) for d in ("fp32", "fp16", "bf16", "int8", "fp8")),
                      f"{bw:g}" if bw else "-", (x.fast_instructions("int8") or ("-",))[0]])
     rows.append(["host", "", "cpu", "(detected)", "", "", "", "", "", "", ""])
-    console.print(fitted_table(cols, rows, ("fp8", "bf16", "fast int8 instr", "aliases"),
+    console.print(fitted_table(cols, rows, ("fp8", "fast int8 instr", "aliases", "bf16"),
                                title="peaks are whole-device (CPU: per-core peak x reference "
                                      "cores)"))
 
