@@ -159,6 +159,15 @@ def _dispatch_library(target, cfg):
             fallbacks.record("library_unavailable", "oneDNN", reason)
             return mod
         part = onednn.partition(mod)
+        compute = tuple(cfg.library_compute)
+        if "bf16" in compute and not _host_has_bf16():
+            # Lower-precision kernels are chosen by timing them here: a build host without
+            # bf16 units cannot time them for a target that has some.
+            compute = tuple(c for c in compute if c != "bf16")
+            note = ("bf16 library kernels are chosen by timing on the build host, which has no "
+                    "bf16 units (amx_bf16, avx512_bf16): fp32 kept")
+            if note not in cfg.notes:
+                cfg.notes.append(note)
         # The two sides of each timing, built the way the final module may be. With a
         # database, a tuned kernel ships only where it beats the default schedule
         # (tuning.prefer), so the codegen side is timed both ways and the faster counts.
@@ -171,13 +180,13 @@ def _dispatch_library(target, cfg):
         # The kernels' own small builds are not phases of this compile: keep them out of the
         # phase-run record.
         with unrecorded():
-            keep, compute, cfg.dispatch_choices = choose.choose(
+            keep, precision_of, cfg.dispatch_choices = choose.choose(
                 part, target, build_codegen=codegen,
                 build_library=lambda m, c: build(onednn.lower(m, compute=c), target, plain),
                 ext_id=":".join(filter(None, [onednn.extension_id(), cfg.database_id])),
                 force="library" if cfg.dispatch == "library" else None,
                 cache=choose.TimingCache(read=not cfg.retime),
-                compute=tuple(cfg.library_compute), fp32_only=cfg.fp32_only)
+                compute=compute, fp32_only=cfg.fp32_only)
         untrusted = [c for c in cfg.dispatch_choices if not c.trusted]
         if untrusted:
             note = (f"{len(untrusted)} kernel timing(s) taken on a busy or noisy machine were "
@@ -185,9 +194,15 @@ def _dispatch_library(target, cfg):
                     "compile times them again")
             if note not in cfg.notes:
                 cfg.notes.append(note)
-        return onednn.lower(part, keep, compute=compute)
+        return onednn.lower(part, keep, compute=precision_of)
 
     return [dispatch]
+
+
+def _host_has_bf16() -> bool:
+    from .targets.registry import host_cpu_features
+
+    return bool({"amx_bf16", "avx512_bf16"} & host_cpu_features())
 
 
 def _is_x86(target) -> bool:

@@ -224,3 +224,31 @@ def test_a_calibration_file_that_does_not_fit_the_model_is_refused(tmp_path):
     junk.write_text("not a zip")
     with pytest.raises(TvmoptError, match="cannot read"):
         load_calibration(str(junk), inputs)
+
+
+def test_a_build_host_without_bf16_units_keeps_fp32_and_says_why(tmp_path, monkeypatch,
+                                                                  bf16_always_faster):
+    od = pytest.importorskip("tvmopt.kernels.onednn")
+    try:
+        od.load_extension()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    from tvmopt import pipeline
+    from tvmopt.interface.compile import CompileOptions, compile_model
+
+    monkeypatch.setattr(pipeline, "_host_has_bf16", lambda: False)
+    logged = []
+    res = compile_model(CompileOptions(model=_cnn(tmp_path), output=str(tmp_path / "a"),
+                                       target="x86-avx2", dispatch="auto"), log=logged.append)
+    # x86-avx2 offers no bf16 at all; the AMX preset offers it, and the host cannot time it
+    assert not any("bf16 units" in n for n in res.artifact.manifest["kernels"]["notes"])
+    cfg = pipeline.PipelineConfig(dispatch="auto", library_compute=("fp32", "bf16"))
+    import onnx
+
+    from tvmopt.frontend.importer import import_onnx
+
+    mod = import_onnx(onnx.load(_cnn(tmp_path))).mod
+    pipeline.optimize(mod, get_target("x86-sapphirerapids").to_tvm(), cfg, until="dispatch")
+    assert any("no bf16 units" in n for n in cfg.notes)
+    assert all(c.library_bf16_ms is None and c.precision == "fp32"
+               for c in cfg.dispatch_choices)

@@ -154,10 +154,11 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
     # target (bf16 on AMX / AVX512-BF16); each is timed, and the accuracy gate checks the model.
     compute = library_compute(hw, opts.precision) if opts.dispatch != "codegen" else ("fp32",)
 
-    def config(fp32_only=frozenset()):
+    def config(fp32_only=frozenset(), fp32=False):
         # A database's records were tuned on the NCHW functions `tune` extracted: keep that layout.
         return pipeline.PipelineConfig(weight_prepack=prepack, dispatch=opts.dispatch,
-                                       channels_last=not opts.db, library_compute=compute,
+                                       channels_last=not opts.db,
+                                       library_compute=("fp32",) if fp32 else compute,
                                        fp32_only=frozenset(fp32_only), retime=opts.retime,
                                        hw=hw)
 
@@ -296,7 +297,6 @@ def _accuracy_gate(opts, imported, cfg, plan, replay, ex, config, build_all, man
     feeds, described = g.sample_inputs(imported, opts)
     rec = g.GateRecord(prec, limit, "--max-error" if opts.max_error is not None else "default",
                        g.METRIC, "", described)
-    order = g.fallback_order(cfg.dispatch_choices, prec)
     given_back: list[str] = []
     stage.enter("the accuracy gate")
     with tempfile.TemporaryDirectory(prefix="tvmopt-gate-") as tmp:
@@ -319,12 +319,15 @@ def _accuracy_gate(opts, imported, cfg, plan, replay, ex, config, build_all, man
             if ok:
                 rec.result = f"kept {prec} on {len(lower)} library workload(s)"
                 break
-            remaining = [k for k in order if k not in given_back]
+            # What runs in the lower precision now, least time saved first: a rebuild re-times
+            # kernels whose timings were not cached, so the set can differ from the last one.
+            order = g.fallback_order(cfg.dispatch_choices, prec)
             last = step >= g.MAX_FALLBACK_STEPS
-            give = remaining if last else remaining[: max(1, (len(remaining) + 1) // 2)]
+            give = order if last else order[: max(1, (len(order) + 1) // 2)]
             given_back += give
             log(f"precision {prec}: gate: {len(give)} workload(s) back to fp32, rebuilding")
-            cfg = config(given_back)
+            # The last step takes the lower precision off the table altogether.
+            cfg = config(given_back, fp32=last)
             plan, replay, ex = build_all(cfg, lambda s: None)
     rec.fp32_only = list(given_back)
     return cfg, plan, replay, ex, rec

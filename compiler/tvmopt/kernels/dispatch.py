@@ -47,13 +47,6 @@ class Choice:
     def to_json(self) -> dict:
         return asdict(self)
 
-    @property
-    def best_ms(self) -> float | None:
-        """The time of what ships (None when nothing was timed)."""
-        if self.choice == "codegen":
-            return self.codegen_ms
-        return self.library_bf16_ms if self.precision == "bf16" else self.library_ms
-
 
 def _call_sites(mod, groups) -> dict:
     """Composite GlobalVar -> the args of each call site (FuseOpsByPattern shares one function
