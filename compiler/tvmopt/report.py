@@ -62,6 +62,13 @@ def print_compile_result(result, shown_path: str | None = None) -> None:
     if prec.get("requested"):
         console.print(f"  precision: {prec.get('default')} (requested {prec['requested']}; "
                       "'tvmopt plan' shows the per-kernel reasons)")
+    gate = prec.get("gate")
+    if gate:
+        last = gate["attempts"][-1] if gate["attempts"] else None
+        measured = (f"error {last['error']:.3g} vs {gate['reference']}" if last else "")
+        console.print(f"  accuracy gate ({gate['precision']}): {gate['result']}; {measured}, "
+                      f"limit {gate['limit']:g} ({gate['limit_from']}; max|out - ref| / "
+                      f"max|ref|), {len(gate['attempts'])} attempt(s)")
     kernels = m.get("kernels") or {}
     if kernels:
         choices = kernels.get("choices") or []
