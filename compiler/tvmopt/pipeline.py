@@ -129,85 +129,14 @@ def _layout(target, cfg):
 
 
 def _dispatch_library(target, cfg):
-    import tvm
+    from .kernels import dispatch
 
-    if cfg.dispatch == "codegen" or not _is_x86(target):
-        return []
+    def build_with(mod, **overrides):
+        # The two sides of each kernel timing, built the way the final module may be.
+        return build(mod, target, PipelineConfig(dispatch="codegen", channels_last=False,
+                                                 **overrides))
 
-    @tvm.transform.module_pass(opt_level=0, name="tvmopt.DispatchOneDNN")
-    def dispatch(mod, ctx):
-        import platform
-
-        from .kernels import dispatch as choose, onednn
-
-        if platform.machine().lower() not in ("x86_64", "amd64"):
-            # The extension is built for, and the kernels timed on, the build host.
-            note = (f"oneDNN dispatch needs an x86 build host (this is {platform.machine()}): "
-                    "default schedules used for every kernel")
-            if note not in cfg.notes:
-                cfg.notes.append(note)
-            fallbacks.record("library_unavailable", "oneDNN",
-                             f"the build host is {platform.machine()}, not x86")
-            return mod
-        try:
-            onednn.load_extension()
-        except Exception as err:  # noqa: BLE001 - a missing library falls back, never fails
-            reason = error_line(err)
-            note = f"oneDNN unavailable ({reason}): default schedules used for every kernel"
-            if note not in cfg.notes:
-                cfg.notes.append(note)
-            fallbacks.record("library_unavailable", "oneDNN", reason)
-            return mod
-        part = onednn.partition(mod)
-        compute = tuple(cfg.library_compute)
-        if "bf16" in compute and not _host_has_bf16():
-            # Lower-precision kernels are chosen by timing them here: a build host without
-            # bf16 units cannot time them for a target that has some.
-            compute = tuple(c for c in compute if c != "bf16")
-            note = ("bf16 library kernels are chosen by timing on the build host, which has no "
-                    "bf16 units (amx_bf16, avx512_bf16): fp32 kept")
-            if note not in cfg.notes:
-                cfg.notes.append(note)
-        # The two sides of each timing, built the way the final module may be. With a
-        # database, a tuned kernel ships only where it beats the default schedule
-        # (tuning.prefer), so the codegen side is timed both ways and the faster counts.
-        plain = PipelineConfig(dispatch="codegen", channels_last=False)
-        codegen = {"default": lambda m: build(m, target, plain)}
-        if cfg.database is not None:
-            tuned = PipelineConfig(dispatch="codegen", channels_last=False,
-                                   database=cfg.database, weight_prepack=cfg.weight_prepack)
-            codegen["tuned"] = lambda m: build(m, target, tuned)
-        # The kernels' own small builds are not phases of this compile: keep them out of the
-        # phase-run record.
-        with unrecorded():
-            keep, precision_of, cfg.dispatch_choices = choose.choose(
-                part, target, build_codegen=codegen,
-                build_library=lambda m, c: build(onednn.lower(m, compute=c), target, plain),
-                ext_id=":".join(filter(None, [onednn.extension_id(), cfg.database_id])),
-                force="library" if cfg.dispatch == "library" else None,
-                cache=choose.TimingCache(read=not cfg.retime),
-                compute=compute, fp32_only=cfg.fp32_only)
-        untrusted = [c for c in cfg.dispatch_choices if not c.trusted]
-        if untrusted:
-            note = (f"{len(untrusted)} kernel timing(s) taken on a busy or noisy machine were "
-                    f"not cached ({untrusted[0].note.removeprefix('not cached: ')}); the next "
-                    "compile times them again")
-            if note not in cfg.notes:
-                cfg.notes.append(note)
-        return onednn.lower(part, keep, compute=precision_of)
-
-    return [dispatch]
-
-
-def _host_has_bf16() -> bool:
-    from .targets.registry import host_cpu_features
-
-    return bool({"amx_bf16", "avx512_bf16"} & host_cpu_features())
-
-
-def _is_x86(target) -> bool:
-    triple = str(target.attrs.get("mtriple", "") or "")
-    return target.kind.name == "llvm" and (not triple or triple.startswith(("x86_64", "i686")))
+    return dispatch.library_passes(target, cfg, build_with, quiet=unrecorded)
 
 
 def _fuse_legalize(target, cfg):

@@ -234,9 +234,10 @@ def test_a_build_host_without_bf16_units_keeps_fp32_and_says_why(tmp_path, monke
     except Exception as err:  # noqa: BLE001
         pytest.skip(f"oneDNN extension unavailable here: {err}")
     from tvmopt import pipeline
+    from tvmopt.kernels import dispatch
     from tvmopt.interface.compile import CompileOptions, compile_model
 
-    monkeypatch.setattr(pipeline, "_host_has_bf16", lambda: False)
+    monkeypatch.setattr(dispatch, "host_has_bf16", lambda: False)
     logged = []
     res = compile_model(CompileOptions(model=_cnn(tmp_path), output=str(tmp_path / "a"),
                                        target="x86-avx2", dispatch="auto"), log=logged.append)

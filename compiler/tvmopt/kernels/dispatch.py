@@ -10,8 +10,9 @@ Timings are cached per (workload, target, TVM and extension version, codegen cod
 threads), so a second compile of the same shapes does not re-time; a timing taken while the
 machine was busy is not cached (kernels.timing).
 
-The module is pure: `build` (module -> VM executable, the pipeline's codegen path) is passed in,
-so this sits below the pipeline that calls it.
+The module sits below the pipeline: `build` (module -> VM executable, the pipeline's codegen
+path) is passed in, and `library_passes` is the pipeline's dispatch phase as a function of the
+target returning passes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .. import fallbacks
+from ..errors import error_line
 from .timing import TimingCache, cache_key, measure_call, random_inputs
 
 MARGIN = 0.95  # library chosen when library_ms < MARGIN * codegen_ms
@@ -215,3 +218,91 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
             trusted=t["trusted"], note=t["note"] + ("; bf16 taken back by the accuracy gate"
                                                    if k in fp32_only else "")))
     return keep, prec, choices
+
+
+# ------------------------------------------------------------------------ the pipeline's phase
+def library_passes(target, cfg, build_with, quiet) -> list:
+    """The library-dispatch phase for `target`, as apache/tvm's backend pipelines express
+    library dispatch: the passes that put conv2d/matmul chains on oneDNN where they time
+    faster (`cfg.dispatch` auto) or wherever oneDNN takes them (library); none for codegen or a
+    target that is not x86.
+
+    Args:
+        cfg: the pipeline's PipelineConfig (read: dispatch, library_compute, fp32_only, retime,
+            database; written: dispatch_choices, notes).
+        build_with: (IRModule, **PipelineConfig overrides) -> VM executable on the default
+            schedules: how each side of a timing is built.
+        quiet: a context manager under which the timing builds are not recorded as this
+            compile's phases.
+    """
+    import tvm
+
+    if cfg.dispatch == "codegen" or not is_x86(target):
+        return []
+
+    def note(text):
+        if text not in cfg.notes:
+            cfg.notes.append(text)
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmopt.DispatchOneDNN")
+    def dispatch(mod, ctx):
+        import platform
+
+        from . import onednn
+
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            # The extension is built for, and the kernels timed on, the build host.
+            note(f"oneDNN dispatch needs an x86 build host (this is {platform.machine()}): "
+                 "default schedules used for every kernel")
+            fallbacks.record("library_unavailable", "oneDNN",
+                             f"the build host is {platform.machine()}, not x86")
+            return mod
+        try:
+            onednn.load_extension()
+        except Exception as err:  # noqa: BLE001 - a missing library falls back, never fails
+            reason = error_line(err)
+            note(f"oneDNN unavailable ({reason}): default schedules used for every kernel")
+            fallbacks.record("library_unavailable", "oneDNN", reason)
+            return mod
+        part = onednn.partition(mod)
+        compute = tuple(cfg.library_compute)
+        if "bf16" in compute and not host_has_bf16():
+            # Lower-precision kernels are chosen by timing them here: a build host without
+            # bf16 units cannot time them for a target that has some.
+            compute = tuple(c for c in compute if c != "bf16")
+            note("bf16 library kernels are chosen by timing on the build host, which has no "
+                 "bf16 units (amx_bf16, avx512_bf16): fp32 kept")
+        # With a database, a tuned kernel ships only where it beats the default schedule
+        # (tuning.prefer), so the codegen side is timed both ways and the faster counts.
+        codegen = {"default": lambda m: build_with(m)}
+        if cfg.database is not None:
+            codegen["tuned"] = lambda m: build_with(m, database=cfg.database,
+                                                    weight_prepack=cfg.weight_prepack)
+        with quiet():
+            keep, precision_of, cfg.dispatch_choices = choose(
+                part, target, build_codegen=codegen,
+                build_library=lambda m, c: build_with(onednn.lower(m, compute=c)),
+                ext_id=":".join(filter(None, [onednn.extension_id(), cfg.database_id])),
+                force="library" if cfg.dispatch == "library" else None,
+                cache=TimingCache(read=not cfg.retime), compute=compute,
+                fp32_only=cfg.fp32_only)
+        untrusted = [c for c in cfg.dispatch_choices if not c.trusted]
+        if untrusted:
+            note(f"{len(untrusted)} kernel timing(s) taken on a busy or noisy machine were not "
+                 f"cached ({untrusted[0].note.removeprefix('not cached: ')}); the next compile "
+                 "times them again")
+        return onednn.lower(part, keep, compute=precision_of)
+
+    return [dispatch]
+
+
+def is_x86(target) -> bool:
+    triple = str(target.attrs.get("mtriple", "") or "")
+    return target.kind.name == "llvm" and (not triple or triple.startswith(("x86_64", "i686")))
+
+
+def host_has_bf16() -> bool:
+    """This build host has bf16 matrix or dot-product units (where bf16 kernels are timed)."""
+    from ..targets.registry import host_cpu_features
+
+    return bool({"amx_bf16", "avx512_bf16"} & host_cpu_features())
