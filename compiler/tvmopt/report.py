@@ -209,15 +209,25 @@ def print_plan(p, model: str) -> None:
     for note in p.dispatch_notes:
         console.print(f"  note: {escape(note)}")
     if p.dispatch:
-        console.print("  dispatch (each workload timed both ways on this host; "
+        bf16 = any(c.get("library_bf16_ms") is not None for c in p.dispatch)
+        console.print("  dispatch (each workload timed " + ("three ways: oneDNN fp32 and bf16, "
+                      "default schedule" if bf16 else "both ways") + " on this host; "
                       "'cached': timed by an earlier compile):")
         ms = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+
+        def choice(c):
+            lower = c["choice"] == "library" and c.get("precision", "fp32") != "fp32"
+            return c["choice"] + (f" {c['precision']}" if lower else "")
+
         rows = [[escape(c["kernel"].split("|")[0]), escape(_workload_shapes(c["kernel"])),
-                 str(c["sites"]), c["choice"], ms(c["library_ms"]),
+                 str(c["sites"]), choice(c), ms(c["library_ms"]),
+                 *([ms(c.get("library_bf16_ms"))] if bf16 else []),
                  ms(c["codegen_ms"]) + (" (tuned)" if c.get("codegen_by") == "tuned" else ""),
-                 "yes" if c["cached"] else "no"] for c in p.dispatch]
+                 "yes" if c["cached"] else ("no" if c.get("trusted", True) else "no (busy)")]
+                for c in p.dispatch]
         cols = [("pattern", "left"), ("shapes", "left"), ("sites", "right"), ("choice", "left"),
-                ("oneDNN ms", "right"), ("codegen ms", "right"), ("cached", "left")]
+                ("oneDNN ms", "right"), *([("bf16 ms", "right")] if bf16 else []),
+                ("codegen ms", "right"), ("cached", "left")]
         console.print(fitted_table(cols, rows, drop_order=("cached", "shapes")))
 
 
