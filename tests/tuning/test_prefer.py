@@ -40,14 +40,16 @@ def _naive_records(fused, target):
 
 
 def _scripted(monkeypatch, module, times):
-    """Make `module.time_call` return `times` in order; returns the list of calls made."""
+    """Make `module.measure_call` return `times` in order (trusted measurements); returns the
+    list of calls made."""
     calls = []
 
-    def fake(vm, name, inputs, dev=None):
+    def fake(vm, name, inputs):
         calls.append(name)
-        return times[len(calls) - 1]
+        ms = times[len(calls) - 1]
+        return Measurement(ms, ms, 0.0)
 
-    monkeypatch.setattr(module, "time_call", fake)
+    monkeypatch.setattr(module, "measure_call", fake)
     return calls
 
 

@@ -99,7 +99,7 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
 
     from .. import pipeline
     from ..errors import TargetError
-    from ..kernels.timing import TimingCache, random_inputs, time_call
+    from ..kernels.timing import TimingCache, measure_call, random_inputs
     from ..targets.registry import check_host_can_run
     from .tasks import extract_tasks
 
@@ -150,11 +150,13 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
                 vms[side] = relax.VirtualMachine(tvm.runtime.load_module(path), dev)
             for name, fname in names.items():
                 inputs = [tvm.runtime.tensor(a, dev) for a in random_inputs(mod[fname], rng)]
-                t_ms = time_call(vms["tuned"], fname, inputs, dev)
-                d_ms = time_call(vms["default"], fname, inputs, dev)
-                timed[name] = (t_ms, d_ms, False)
-                task, rec = served[name]
-                cache.put(_key(task.mod, rec, target), name, tuned_ms=t_ms, default_ms=d_ms)
+                tuned = measure_call(vms["tuned"], fname, inputs)
+                default = measure_call(vms["default"], fname, inputs)
+                timed[name] = (tuned.ms, default.ms, False)
+                if tuned.trusted and default.trusted:  # a busy machine's verdict is not kept
+                    task, rec = served[name]
+                    cache.put(_key(task.mod, rec, target), name, tuned_ms=tuned.ms,
+                              default_ms=default.ms)
         cache.save()
     out, drop = [], []
     for name, (task, rec) in served.items():
