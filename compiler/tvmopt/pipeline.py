@@ -90,7 +90,14 @@ def _simplify(target, cfg):
 
     from .passes.fold_pad import FoldPadIntoConv
 
-    return [relax.transform.DecomposeOpsForInference(), FoldPadIntoConv,
+    # A QDQ model's int8 weights, noted before FoldConstant makes fp32 constants of them: the
+    # dispatch phase gives them to oneDNN's int8 kernels.
+    record = []
+    if cfg.dispatch != "codegen" and _is_x86(target):
+        from .kernels.onednn import RecordQDQWeights
+
+        record = [RecordQDQWeights]
+    return [*record, relax.transform.DecomposeOpsForInference(), FoldPadIntoConv,
             relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant(),
             *cfg.extra_passes]
 
@@ -136,9 +143,16 @@ def _dispatch_library(target, cfg):
 
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.DispatchOneDNN")
     def dispatch(mod, ctx):
+        from .kernels import onednn
+
+        # The int8 weights noted in the simplify phase stay out of the build, whatever happens.
+        return onednn.strip_qdq_weights(_dispatch(mod))
+
+    def _dispatch(mod):
         import platform
 
         from .kernels import dispatch as choose, onednn
+        from .targets.registry import host_cpu_features
 
         if platform.machine().lower() not in ("x86_64", "amd64"):
             # The extension is built for, and the kernels timed on, the build host.
@@ -158,7 +172,13 @@ def _dispatch_library(target, cfg):
                 cfg.notes.append(note)
             fallbacks.record("library_unavailable", "oneDNN", reason)
             return mod
-        part = onednn.partition(mod)
+        # int8 kernels are timed and run on this host: its CPU decides whether they are offered.
+        no_int8 = onednn.int8_unavailable(host_cpu_features())
+        if no_int8 and mod.get_attr(onednn.QDQ_WEIGHTS_ATTR):
+            note = f"QDQ model: this host has {no_int8}"
+            if note not in cfg.notes:
+                cfg.notes.append(note)
+        part = onednn.partition(mod, int8=no_int8 is None)
         # The two sides of each timing, built the way the final module may be. With a
         # database, a tuned kernel ships only where it beats the default schedule
         # (tuning.prefer), so the codegen side is timed both ways and the faster counts.

@@ -39,10 +39,13 @@ class Choice:
     cached: bool = False
     reason: str = ""
     codegen_by: str = "default"  # which codegen build codegen_ms is ("default" or "tuned")
-    precision: str = "fp32"  # the library call's compute precision ("fp32" or "bf16")
+    precision: str = "fp32"  # the library call's compute precision ("fp32", "bf16", "int8")
     library_bf16_ms: float | None = None  # None: bf16 was not a candidate
     trusted: bool = True  # False: measured on a busy or noisy machine, not cached
     note: str = ""
+    # A QDQ model's quantized convolution / matmul, whose library call is int8 (a library
+    # choice's precision is then "int8"; codegen runs the QDQ graph as imported).
+    quantized: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -138,10 +141,12 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
     if force in ("library", "codegen"):
         choices, keep, prec = [], set(), {}
         for k, g in by_key.items():
-            c = allowed(k)[0]
+            quant = onednn.is_quantized(groups[g[0]])
+            c = "int8" if quant else allowed(k)[0]
             choices.append(Choice(k, sum(len(sites.get(gv, ())) for gv in g), force, None, None,
                                   reason=f"--dispatch {force}",
-                                  precision=c if force == "library" else "fp32"))
+                                  precision=c if force == "library" else "fp32",
+                                  quantized=quant))
             if force == "library":
                 keep |= set(g)
                 prec.update(dict.fromkeys(g, c))
@@ -205,7 +210,10 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
     keep, prec, choices = set(), {}, []
     for k, gvs in by_key.items():
         t = timed[k]
-        lib = {c: t[lib_fields[c]] for c in allowed(k)}
+        quant = onednn.is_quantized(groups[gvs[0]])
+        # An int8 call computes in int8 whatever compute precision its build was given.
+        lib = ({"int8": t["library_ms"]} if quant
+               else {c: t[lib_fields[c]] for c in allowed(k)})
         best = min(lib, key=lib.get)
         use_lib = lib[best] < MARGIN * t["codegen_ms"]
         if use_lib:
@@ -220,5 +228,6 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
             precision=best if use_lib else "fp32",
             library_bf16_ms=round(bf16, 4) if bf16 is not None else None,
             trusted=t["trusted"], note=t["note"] + ("; bf16 taken back by the accuracy gate"
-                                                   if k in fp32_only else "")))
+                                                   if k in fp32_only else ""),
+            quantized=quant))
     return keep, prec, choices
