@@ -184,3 +184,20 @@ def test_decision_reports_int8_chosen_for_the_library_workloads():
     ctx = Context(hw, [], "auto", library=lib[1:])
     SCHEMES["int8-qdq"].consider(ctx)
     assert ctx.decisions[0].action == "refused" and "faster on none" in ctx.decisions[0].reason
+
+
+def test_int8_groups_given_back_to_codegen_leave_the_qdq_graph_as_it_was():
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.in_memory import host_target
+
+    model, _, _, _ = qdq_cnn()
+    cfg = pipeline.PipelineConfig(dispatch="library")
+    mod = pipeline.optimize(import_onnx(model).mod, host_target().to_tvm(), cfg, until="layout")
+    before = mod["main"].script(show_meta=False)
+    part = od.partition(mod, int8=True)
+    assert len(od.composites(part)) == 3
+    after = od.lower(part, keep=set())["main"].script(show_meta=False)
+    # No weight dequantized at run time, and one quantize per pair (the private copies merged).
+    assert 'dtype="int8"' not in after
+    assert after.count("R.quantize(") == before.count("R.quantize(")

@@ -969,8 +969,11 @@ def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO,
                 func = func.inline_functions(back)
             mod[gv] = lowered.visit_expr(func)
     if any(is_quantized(f) for f in back.values()):
-        # Inlined groups brought back their private copies of shared quantize/dequantize pairs.
-        mod = relax.transform.EliminateCommonSubexpr()(mod)
+        # Inlined int8 groups bring back their weights' dequantize (fold it into fp32 constants
+        # again: a build would otherwise dequantize them on every run) and their private
+        # copies of shared quantize/dequantize pairs.
+        mod = tvm.ir.transform.Sequential([relax.transform.FoldConstant(),
+                                           relax.transform.EliminateCommonSubexpr()])(mod)
     return relax.transform.DeadCodeElimination()(mod)
 
 
