@@ -90,7 +90,17 @@ def _simplify(target, cfg):
 
     from .passes.fold_pad import FoldPadIntoConv
 
-    return [relax.transform.DecomposeOpsForInference(), FoldPadIntoConv,
+    # A QDQ model's int8 weights, noted before FoldConstant makes fp32 constants of them: the
+    # dispatch phase gives them to oneDNN's int8 kernels.
+    record = []
+    if cfg.dispatch != "codegen":
+        from .kernels.dispatch import is_x86
+
+        if is_x86(target):
+            from .kernels.onednn import RecordQDQWeights
+
+            record = [RecordQDQWeights]
+    return [*record, relax.transform.DecomposeOpsForInference(), FoldPadIntoConv,
             relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant(),
             *cfg.extra_passes]
 

@@ -42,10 +42,13 @@ class Choice:
     cached: bool = False
     reason: str = ""
     codegen_by: str = "default"  # which codegen build codegen_ms is ("default" or "tuned")
-    precision: str = "fp32"  # the library call's compute precision ("fp32" or "bf16")
+    precision: str = "fp32"  # the library call's compute precision ("fp32", "bf16", "int8")
     library_bf16_ms: float | None = None  # None: bf16 was not a candidate
     trusted: bool = True  # False: measured on a busy or noisy machine, not cached
     note: str = ""
+    # A QDQ model's quantized convolution / matmul, whose library call is int8 (a library
+    # choice's precision is then "int8"; codegen runs the QDQ graph as imported).
+    quantized: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -77,7 +80,14 @@ def _kernel_function(func, args):
     for attr in ("Composite", "Primitive"):
         if plain.attrs is not None and attr in plain.attrs:
             plain = plain.without_attr(attr)
-    return plain.bind_params(binds) if binds else plain
+    if not binds:
+        return plain
+    import tvm
+    from tvm import relax
+
+    # An int8 group's weight is the dequantize of its int8 constant: folded, as the build
+    # folds it, so the codegen side is timed on the fp32 weights it would run with.
+    return relax.transform.FoldConstant()(tvm.IRModule({"f": plain.bind_params(binds)}))["f"]
 
 
 def _loaded_like_an_artifact(executable, folder: str, name: str):
@@ -134,10 +144,12 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
     if force in ("library", "codegen"):
         choices, keep, prec = [], set(), {}
         for k, g in by_key.items():
-            c = allowed(k)[0]
+            quant = onednn.is_quantized(groups[g[0]])
+            c = "int8" if quant else allowed(k)[0]
             choices.append(Choice(k, sum(len(sites.get(gv, ())) for gv in g), force, None, None,
                                   reason=f"--dispatch {force}",
-                                  precision=c if force == "library" else "fp32"))
+                                  precision=c if force == "library" else "fp32",
+                                  quantized=quant))
             if force == "library":
                 keep |= set(g)
                 prec.update(dict.fromkeys(g, c))
@@ -201,7 +213,10 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
     keep, prec, choices = set(), {}, []
     for k, gvs in by_key.items():
         t = timed[k]
-        lib = {c: t[lib_fields[c]] for c in allowed(k)}
+        quant = onednn.is_quantized(groups[gvs[0]])
+        # An int8 call computes in int8 whatever compute precision its build was given.
+        lib = ({"int8": t["library_ms"]} if quant
+               else {c: t[lib_fields[c]] for c in allowed(k)})
         best = min(lib, key=lib.get)
         use_lib = lib[best] < MARGIN * t["codegen_ms"]
         if use_lib:
@@ -216,7 +231,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
             precision=best if use_lib else "fp32",
             library_bf16_ms=round(bf16, 4) if bf16 is not None else None,
             trusted=t["trusted"], note=t["note"] + ("; bf16 taken back by the accuracy gate"
-                                                   if k in fp32_only else "")))
+                                                   if k in fp32_only else ""),
+            quantized=quant))
     return keep, prec, choices
 
 
@@ -246,8 +262,15 @@ def library_passes(target, cfg, build_with, quiet) -> list:
 
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.DispatchOneDNN")
     def dispatch(mod, ctx):
+        from . import onednn
+
+        # The int8 weights noted in the simplify phase stay out of the build, whatever happens.
+        return onednn.strip_qdq_weights(_dispatch(mod))
+
+    def _dispatch(mod):
         import platform
 
+        from ..targets.registry import host_cpu_features
         from . import onednn
 
         if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -264,7 +287,11 @@ def library_passes(target, cfg, build_with, quiet) -> list:
             note(f"oneDNN unavailable ({reason}): default schedules used for every kernel")
             fallbacks.record("library_unavailable", "oneDNN", reason)
             return mod
-        part = onednn.partition(mod)
+        # int8 kernels are timed and run on this host: its CPU decides whether they are offered.
+        no_int8 = onednn.int8_unavailable(host_cpu_features())
+        if no_int8 and mod.get_attr(onednn.QDQ_WEIGHTS_ATTR):
+            note(f"QDQ model: this host has {no_int8}")
+        part = onednn.partition(mod, int8=no_int8 is None)
         compute = tuple(cfg.library_compute)
         if "bf16" in compute and not host_has_bf16():
             # Lower-precision kernels are chosen by timing them here: a build host without

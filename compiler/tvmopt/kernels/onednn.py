@@ -1,4 +1,5 @@
-"""Offload fp32 conv2d / matmul chains of a Relax module to oneDNN.
+"""Offload fp32 conv2d / matmul chains of a Relax module to oneDNN, and a QDQ model's
+quantized ones to oneDNN's int8 kernels.
 
 Two halves:
 
@@ -9,6 +10,12 @@ Two halves:
   before running an exported module that was built with ``dispatch_onednn``).
 * ``dispatch_onednn`` rewrites high-level Relax ops (before ``LegalizeOps``) into
   ``R.call_dps_packed`` calls of those functions.
+
+QDQ models: ``record_qdq_weights`` (before constant folding) notes each weight that is the
+dequantize of an int8 constant; ``partition(..., int8=True)`` puts those int8 weights back in
+front of the convolutions and matmuls whose input is a quantize/dequantize pair and groups them
+as ``tvmopt_onednn.qconv2d*`` / ``qmatmul*`` composites, lowered to ``tvmopt.onednn.qconv2d`` /
+``qmatmul`` (int8 compute, fp32 output, as the QDQ graph defines it).
 
 The calling convention (argument order and the int64 attrs vector) is shared with
 ``onednn_ext.cc``: change both together. ``R.call_dps_packed`` passes the listed arguments
@@ -37,6 +44,8 @@ from .layout import _const_array, _static_f32_shape, channels_last, lift_clip
 
 CONV_FUNC = "tvmopt.onednn.conv2d"
 MATMUL_FUNC = "tvmopt.onednn.matmul"
+QCONV_FUNC = "tvmopt.onednn.qconv2d"
+QMATMUL_FUNC = "tvmopt.onednn.qmatmul"
 _PREFIX = "tvmopt_onednn."
 _SOURCE = Path(__file__).with_name("onednn_ext.cc")  # shipped inside the package
 
@@ -48,6 +57,11 @@ LAYOUT_AUTO, LAYOUT_PLAIN = 0, 1
 # Compute precisions understood by onednn_ext.cc (the last attrs entry of both calls): bf16
 # converts activations and weights to bf16 inside the call, accumulates and returns fp32.
 COMPUTE = {"fp32": 0, "bf16": 1}
+# Module attribute holding the int8 weights of a QDQ model: [[int8 tensor, fp32 scales, axis]].
+QDQ_WEIGHTS_ATTR = "tvmopt.qdq_weights"
+# CPU flags (/proc/cpuinfo names) of int8 dot-product units. Without one oneDNN still runs u8s8
+# kernels, but on vpmaddubsw, whose int16 intermediate sums saturate: wrong results, and slow.
+INT8_FEATURES = ("amx_int8", "avx512_vnni", "avx_vnni")
 
 _loaded: dict[str, object] = {}
 
@@ -177,6 +191,157 @@ def extension_id() -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# QDQ models: int8 weights survive constant folding
+# --------------------------------------------------------------------------------------------
+
+
+def int8_unavailable(features) -> str | None:
+    """Why int8 library kernels are not offered on a CPU with these flags; None if they are."""
+    if any(f in features for f in INT8_FEATURES):
+        return None
+    return ("no int8 dot-product instructions (needs " + ", ".join(INT8_FEATURES) +
+            "); QDQ convolutions and matmuls stay fp32")
+
+
+def _dequantized_weight(call) -> bool:
+    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+            and call.op.name == "relax.dequantize"):
+        return False
+    q, scale, zp = (_const_array(a) for a in call.args[:3])
+    return (q is not None and q.dtype == np.int8 and scale is not None
+            and scale.dtype == np.float32 and zp is not None and not zp.any())
+
+
+def record_qdq_weights(mod: tvm.IRModule) -> tvm.IRModule:
+    """Note every dequantize of an int8 constant (zero point 0) in a module attribute.
+
+    FoldConstant turns them into fp32 constants, and ConvertLayout then transposes those;
+    `partition` finds them again by value to give the int8 kernels their int8 weights.
+    """
+    found = []
+
+    def visit(e):
+        if _dequantized_weight(e):
+            found.append([e.args[0].value, e.args[1].value, int(e.attrs.axis)])
+
+    for f in mod.functions.values():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, visit)
+    return mod.with_attr(QDQ_WEIGHTS_ATTR, found) if found else mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmopt.RecordQDQWeights")
+def RecordQDQWeights(mod, _ctx):  # noqa: N802 - a pass, named like TVM's
+    return record_qdq_weights(mod)
+
+
+def strip_qdq_weights(mod: tvm.IRModule) -> tvm.IRModule:
+    """The module without the recorded int8 weights (they must not reach the build)."""
+    return mod.without_attr(QDQ_WEIGHTS_ATTR) if mod.get_attr(QDQ_WEIGHTS_ATTR) else mod
+
+
+class _WeightTable:
+    """Recorded int8 weights, looked up by the fp32 constant they fold to, in any axis order."""
+
+    def __init__(self, entries):
+        self.entries = []
+        for q, scale, axis in entries:
+            q, scale = q.numpy(), scale.numpy()
+            shape = [1] * q.ndim
+            if scale.size > 1:
+                shape[int(axis) % q.ndim] = scale.size
+            deq = (q.astype(np.float32) * scale.reshape(shape)).astype(np.float32)
+            self.entries.append((q, scale, int(axis) % q.ndim, deq))
+
+    def find(self, w: np.ndarray):
+        """(int8 weight laid out as w, scales, axis of the scales in w) or None."""
+        import itertools
+
+        for q, scale, axis, deq in self.entries:
+            if sorted(deq.shape) != sorted(w.shape):
+                continue
+            for perm in itertools.permutations(range(w.ndim)):
+                if tuple(deq.shape[p] for p in perm) != w.shape:
+                    continue
+                if np.allclose(deq.transpose(perm), w, rtol=1e-6, atol=0):
+                    return np.ascontiguousarray(q.transpose(perm)), scale, perm.index(axis)
+        return None
+
+
+def _binding_of(mutator, e):
+    if isinstance(e, relax.Var):
+        try:
+            return mutator.lookup_binding(e)
+        except Exception:  # noqa: BLE001 - not bound in this function (a parameter)
+            return None
+    return None
+
+
+def _is(e, name) -> bool:
+    return isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == name
+
+
+@relax.expr_functor.mutator
+class _QDQOperands(relax.PyExprMutator):
+    """conv2d / matmul operands of a QDQ model made matchable by the int8 patterns.
+
+    The weight: its recorded int8 constant dequantized again, in the layout the fp32 constant
+    has now (the legalized build folds it back). The input: a private copy of its
+    quantize -> dequantize [-> transpose] chain, since one pair often feeds several consumers
+    (a block input, a residual) and a fused group may not share its intermediates.
+    """
+
+    def __init__(self, mod, table):
+        super().__init__(mod)
+        self.table = table
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not (_is(call, "relax.nn.conv2d") or _is(call, "relax.matmul")):
+            return call
+        x = self._private_qdq(call.args[0])
+        w = _const_array(call.args[1])
+        if x is None or w is None or w.dtype != np.float32:
+            return call
+        found = self.table.find(w)
+        if found is None:
+            return call
+        q, scale, axis = found
+        zp = np.zeros(scale.shape, np.int8)
+        weight = relax.op.dequantize(relax.const(q, "int8"), relax.const(scale, "float32"),
+                                     relax.const(zp, "int8"), axis=axis, out_dtype="float32")
+        return relax.Call(call.op, [x, weight], call.attrs, call.ty_args)
+
+    def _private_qdq(self, x):
+        chain = []
+        e = _binding_of(self, x)
+        if _is(e, "relax.permute_dims"):
+            chain.append(e)
+            e = _binding_of(self, e.args[0])
+        if not _is(e, "relax.dequantize"):
+            return None
+        deq, quant = e, _binding_of(self, e.args[0])
+        if not _is(quant, "relax.quantize"):
+            return None
+        out = relax.Call(quant.op, quant.args, quant.attrs, quant.ty_args)
+        out = relax.Call(deq.op, [out, *deq.args[1:]], deq.attrs, deq.ty_args)
+        for c in chain:
+            out = relax.Call(c.op, [out, *c.args[1:]], c.attrs, c.ty_args)
+        return out
+
+
+def _restore_qdq(mod: tvm.IRModule) -> tvm.IRModule:
+    entries = mod.get_attr(QDQ_WEIGHTS_ATTR)
+    if not entries:
+        return mod
+    table = _WeightTable(entries)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = _QDQOperands(mod, table).visit_expr(func)
+    return relax.transform.DeadCodeElimination()(mod)
+
+
+# --------------------------------------------------------------------------------------------
 # Patterns
 # --------------------------------------------------------------------------------------------
 
@@ -246,6 +411,58 @@ def _matmul_patterns():
                 ann["act"] = x
                 name += "_" + act
             pats.append((_PREFIX + name, x, ann))
+    return pats
+
+
+def _qdq_input(permute: bool):
+    """quantize -> dequantize of an activation [-> transpose into the convolution's layout]."""
+    q = is_op("relax.quantize")(wildcard(), is_const(), is_const())
+    d = is_op("relax.dequantize")(q, is_const(), is_const())
+    return (is_op("relax.permute_dims")(d) if permute else d), q, d
+
+
+def _int8_weight():
+    return is_op("relax.dequantize")(is_const(), is_const(), is_const())
+
+
+def _qconv_patterns():
+    """conv2d of a QDQ input and an int8 weight [+bias] [+relu|clip], largest first."""
+    pats = []
+    for act in ("relu", "clip", None):
+        for bias in (True, False):
+            for permute in (True, False):
+                x, q, d = _qdq_input(permute)
+                w = _int8_weight()
+                conv = is_op("relax.nn.conv2d")(x, w)
+                ann = {"conv": conv, "quantize": q, "dequantize": d, "weight": w, "input": x}
+                out, name = conv, "qconv2d"
+                if bias:
+                    out = is_op("relax.add")(out, is_const())
+                    ann["bias"], name = out, name + "_bias"
+                if act:
+                    out = _act_patterns(out)[act]
+                    ann["act"], name = out, name + "_" + act
+                pats.append((_PREFIX + name, out, ann))
+    return pats
+
+
+def _qmatmul_patterns():
+    pats = []
+    for act in ("relu", "gelu", "gelu_tanh", None):
+        for bias in (True, False):
+            x, q, d = _qdq_input(False)
+            w = _int8_weight()
+            mm = is_op("relax.matmul")(x, w)
+            ann = {"matmul": mm, "quantize": q, "dequantize": d, "weight": w}
+            out, name = mm, "qmatmul"
+            if bias:
+                out = is_op("relax.add")(out, is_const())
+                ann["bias"], name = out, name + "_bias"
+            if act:
+                out = is_op({"relu": "relax.nn.relu", "gelu": "relax.nn.gelu",
+                             "gelu_tanh": "relax.nn.gelu_tanh"}[act])(out)
+                ann["act"], name = out, name + "_" + act
+            pats.append((_PREFIX + name, out, ann))
     return pats
 
 
@@ -369,6 +586,78 @@ def _check_matmul(ctx) -> bool:
     return True
 
 
+def _qdq_pair_ok(ann) -> bool:
+    """A per-tensor quantize to u8/s8 and the dequantize undoing it (same scale, zero point)."""
+    q, d = ann["quantize"], ann["dequantize"]
+    if str(q.attrs.out_dtype) not in ("uint8", "int8") or _static_f32_shape(q.args[0]) is None:
+        return False
+    qs, qz, ds, dz = (_const_array(e) for e in (*q.args[1:3], *d.args[1:3]))
+    if any(a is None or a.size != 1 for a in (qs, qz, ds, dz)):
+        return False
+    return float(qs.reshape(())) == float(ds.reshape(())) and int(qz.reshape(())) == int(
+        dz.reshape(())) and float(qs.reshape(())) > 0
+
+
+def _int8_weight_ok(w, out_axis: int, ndim: int) -> bool:
+    """Int8 weight with zero point 0 and one scale, or one per output channel (`out_axis`)."""
+    q, scale, zp = (_const_array(e) for e in w.args[:3])
+    if q is None or q.dtype != np.int8 or q.ndim != ndim or scale is None or zp is None:
+        return False
+    if zp.any() or scale.dtype != np.float32:
+        return False
+    return scale.size == 1 or (int(w.attrs.axis) % ndim == out_axis
+                               and scale.size == q.shape[out_axis])
+
+
+def _check_qconv(ctx) -> bool:
+    if _leaks(ctx):
+        return False
+    ann = ctx.annotated_expr
+    conv = ann["conv"]
+    a = conv.attrs
+    layouts = (a.data_layout, a.kernel_layout, a.out_layout)
+    if layouts not in (("NCHW", "OIHW", "NCHW"), ("NHWC", "OHWI", "NHWC"),
+                       ("NHWC", "HWIO", "NHWC")):
+        return False
+    if a.out_dtype not in (None, "", "float32") or not _qdq_pair_ok(ann):
+        return False
+    x = ann["input"]
+    if _is(x, "relax.permute_dims") and (
+            a.data_layout != "NHWC" or [int(i) for i in x.attrs.axes] != [0, 2, 3, 1]):
+        return False
+    if not _int8_weight_ok(ann["weight"], a.kernel_layout.index("O"), 4):
+        return False
+    out_s = _static_f32_shape(conv)
+    if out_s is None or len(_static_f32_shape(ann["quantize"].args[0]) or []) != 4:
+        return False
+    c_axis = a.data_layout.index("C")
+    if "bias" in ann:
+        if not _bias_ok(_other_operand(ann["bias"], conv, ctx), out_s[c_axis], 4, c_axis):
+            return False
+    if "act" in ann and ann["act"].op.name in ("relax.clip", "relax.minimum"):
+        if _clip_bounds(ann["act"], ctx) is None:
+            return False
+    return True
+
+
+def _check_qmatmul(ctx) -> bool:
+    if _leaks(ctx):
+        return False
+    ann = ctx.annotated_expr
+    mm = ann["matmul"]
+    a_s, o_s = _static_f32_shape(mm.args[0]), _static_f32_shape(mm)
+    if a_s is None or o_s is None or not 2 <= len(a_s) <= 4:
+        return False
+    if mm.attrs.out_dtype not in (None, "", "float32") or not _qdq_pair_ok(ann):
+        return False
+    if not _int8_weight_ok(ann["weight"], 1, 2):
+        return False
+    if "bias" in ann:
+        if not _bias_ok(_other_operand(ann["bias"], mm, ctx), o_s[-1], len(o_s), len(o_s) - 1):
+            return False
+    return True
+
+
 # --------------------------------------------------------------------------------------------
 # Rewriting composite functions into call_dps_packed
 # --------------------------------------------------------------------------------------------
@@ -408,6 +697,8 @@ class _Lower(relax.PyExprMutator):
             return call
         env = {p: a for p, a in zip(func.params, call.args)}
         ops = _composite_ops(func)
+        if str(comp).startswith(_PREFIX + "q"):
+            return self._quantized(env, ops, call)
         compute = COMPUTE[self.compute.get(call.op, "fp32")]
         if str(comp).startswith(_PREFIX + "conv2d"):
             return self._conv(env, ops, call, compute)
@@ -470,6 +761,55 @@ class _Lower(relax.PyExprMutator):
                  int(a.data_layout == "NHWC") + int(a.kernel_layout == "HWIO"), compute]
         args.append(relax.ShapeExpr(attrs))
         return relax.call_dps_packed(CONV_FUNC, args, call.ty)
+
+    def _quantized(self, env, ops, call):
+        """A qconv2d / qmatmul composite -> the int8 packed call."""
+        values = dict(ops)
+        const = lambda e: _const_array(self._resolve(env, e))  # noqa: E731
+        anchor_var, anchor = next((v, c) for v, c in ops
+                                  if c.op.name in ("relax.nn.conv2d", "relax.matmul"))
+        x, wdq = (values.get(e, e) for e in anchor.args[:2])
+        src_nchw = int(x.op.name == "relax.permute_dims")
+        quant = values[(values[x.args[0]] if src_nchw else x).args[0]]
+        scale, zp = float(const(quant.args[1]).reshape(())), int(const(quant.args[2]).reshape(()))
+        signed = int(str(quant.attrs.out_dtype) == "int8")
+        data = self._resolve(env, quant.args[0])
+        weight = relax.const(const(wdq.args[0]), "int8")
+        wscale = relax.const(const(wdq.args[1]).reshape(-1).astype(np.float32), "float32")
+        bias = None
+        act, lo, hi = ACT_NONE, -np.inf, np.inf
+        seen = False
+        for var, val in ops:
+            if var.same_as(anchor_var):
+                seen = True
+                continue
+            if not seen:
+                continue
+            name = val.op.name
+            if name == "relax.add":
+                other = [a for a in val.args if _const_array(self._resolve(env, a)) is not None]
+                bias = relax.const(const(other[0]).reshape(-1).astype(np.float32), "float32")
+            elif name == "relax.clip":
+                act, lo, hi = ACT_CLIP, _scalar(val.args[1]), _scalar(val.args[2])
+            elif name == "relax.maximum":
+                act, lo = ACT_CLIP, _scalar(self._resolve(env, val.args[1]))
+            elif name == "relax.minimum":
+                act, hi = ACT_CLIP, _scalar(self._resolve(env, val.args[1]))
+            else:
+                act = {"relax.nn.relu": ACT_RELU, "relax.nn.gelu": ACT_GELU_ERF,
+                       "relax.nn.gelu_tanh": ACT_GELU_TANH}[name]
+        args = [data, weight, wscale] + ([bias] if bias is not None else [])
+        quant_attrs = [signed, _f32_bits(scale), zp]
+        if anchor.op.name == "relax.matmul":
+            attrs = [0, int(bias is not None), act, *quant_attrs]
+            return relax.call_dps_packed(QMATMUL_FUNC, [*args, relax.ShapeExpr(attrs)], call.ty)
+        a = anchor.attrs
+        pad = [int(p) for p in a.padding]
+        attrs = [int(a.strides[0]), int(a.strides[1]), *pad, int(a.dilation[0]),
+                 int(a.dilation[1]), int(a.groups), int(bias is not None), act, _f32_bits(lo),
+                 _f32_bits(hi), int(a.data_layout == "NHWC") + int(a.kernel_layout == "HWIO"),
+                 src_nchw, *quant_attrs]
+        return relax.call_dps_packed(QCONV_FUNC, [*args, relax.ShapeExpr(attrs)], call.ty)
 
     def _matmul(self, env, ops, call, compute):
         (mm_var, mm), rest = ops[0], ops[1:]
@@ -549,10 +889,32 @@ def _prepare(mod: tvm.IRModule, conv: bool, nhwc: bool) -> tvm.IRModule:
 
 
 def partition(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,
-              nhwc: bool = False) -> tvm.IRModule:
+              nhwc: bool = False, int8: bool = False) -> tvm.IRModule:
     """Group every chain oneDNN can take into a composite function (one per call site), for
-    `lower` to turn into packed calls; nothing else changes."""
+    `lower` to turn into packed calls; nothing else changes.
+
+    Args:
+        int8: group a QDQ model's quantized convolutions / matmuls (whose int8 weights
+            `record_qdq_weights` noted) for the int8 kernels; only for a CPU with one of
+            INT8_FEATURES. Those the int8 patterns do not take are offered to the fp32 ones.
+    """
     mod = _prepare(mod, conv, nhwc)
+    if int8 and mod.get_attr(QDQ_WEIGHTS_ATTR):
+        mod = _restore_qdq(mod)
+        qpats = []
+        if conv:
+            qpats += [relax.transform.FusionPattern(n, p, ann, _check_qconv)
+                      for n, p, ann in _qconv_patterns()]
+        if matmul:
+            qpats += [relax.transform.FusionPattern(n, p, ann, _check_qmatmul)
+                      for n, p, ann in _qmatmul_patterns()]
+        mod = relax.transform.FuseOpsByPattern(qpats, bind_constants=False)(mod)
+        # Weights the int8 patterns did not take fold back into fp32 constants, and the copies
+        # of shared quantize/dequantize pairs merge again.
+        mod = tvm.ir.transform.Sequential([relax.transform.FoldConstant(),
+                                           relax.transform.EliminateCommonSubexpr(),
+                                           relax.transform.DeadCodeElimination()])(mod)
+    mod = strip_qdq_weights(mod)
     patterns = []
     if conv:
         patterns += [relax.transform.FusionPattern(n, p, ann, _check_conv)
@@ -576,7 +938,8 @@ def composites(mod: tvm.IRModule) -> dict:
 
 def workload_key(func: relax.Function) -> str:
     """What a composite computes, independent of its weights: pattern, shapes, attributes."""
-    (_, anchor), *_ = _composite_ops(func)
+    anchor = next(c for _, c in _composite_ops(func)
+                  if c.op.name in ("relax.nn.conv2d", "relax.matmul"))
     shapes = [str(p.ty) for p in func.params]
     attrs = anchor.attrs
     fields = ("strides", "padding", "dilation", "groups", "data_layout", "kernel_layout",
@@ -605,7 +968,18 @@ def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO,
             if back:
                 func = func.inline_functions(back)
             mod[gv] = lowered.visit_expr(func)
+    if any(is_quantized(f) for f in back.values()):
+        # Inlined int8 groups bring back their weights' dequantize (fold it into fp32 constants
+        # again: a build would otherwise dequantize them on every run) and their private
+        # copies of shared quantize/dequantize pairs.
+        mod = tvm.ir.transform.Sequential([relax.transform.FoldConstant(),
+                                           relax.transform.EliminateCommonSubexpr()])(mod)
     return relax.transform.DeadCodeElimination()(mod)
+
+
+def is_quantized(func: relax.Function) -> bool:
+    """A composite for the int8 kernels (qconv2d / qmatmul)."""
+    return str(func.attrs.get("Composite", "")).startswith(_PREFIX + "q")
 
 
 def dispatch_onednn(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,

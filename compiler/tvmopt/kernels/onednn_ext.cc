@@ -1,8 +1,11 @@
-// tvm-ffi extension that runs conv2d / matmul through oneDNN, in fp32 or with bf16 compute.
+// tvm-ffi extension that runs conv2d / matmul through oneDNN, in fp32 or with bf16 compute,
+// and the int8 convolutions / matmuls of QDQ models.
 //
 // Calling convention (shared with kernels/onednn.py, keep in sync):
 //   tvmopt.onednn.conv2d(data, weight, [bias], [residual], attrs, out)
 //   tvmopt.onednn.matmul(a, b, [bias], attrs, out)
+//   tvmopt.onednn.qconv2d(data, weight_s8, weight_scales, [bias], attrs, out)
+//   tvmopt.onednn.qmatmul(a, b_s8, b_scales, [bias], attrs, out)
 // R.call_dps_packed appends the output after all listed arguments, so attrs comes before out.
 // Optional inputs are present or absent according to flags in `attrs`, an int64 ffi Shape
 // (what R.shape([...]) becomes at run time) or an int64 tensor. Float attributes (clip bounds)
@@ -65,6 +68,22 @@ enum MatmulAttr { kTransB, kMMHasBias, kMMAct, kMMCompute, kMMNumAttrs };
 // tensors stay fp32 and the call is a drop-in for the fp32 one. Attrs written before this
 // entry existed (one entry shorter) mean fp32.
 enum Compute : int64_t { kComputeF32 = 0, kComputeBF16 = 1 };
+
+// Int8 conv attrs (qconv2d). The call computes what the QDQ graph
+//   conv2d(dequantize(quantize(data, src_scale, src_zp)), dequantize(weight_s8, weight_scales))
+// computes: data is quantized inside the call (a oneDNN reorder, which also moves it into the
+// primitive's layout), the convolution accumulates u8/s8 x s8 products in int32, and the scales
+// bring the sum back to fp32 before bias and activation. kQWeightLayout: 0 = NCHW data / OIHW
+// weights, 1 = NHWC / OHWI, 2 = NHWC / HWIO; kQSrcNCHW: data arrives NCHW although the
+// convolution is NHWC (the graph's transpose into the convolution happens inside the reorder).
+enum QConvAttr {
+  kQStrideH, kQStrideW, kQPadT, kQPadL, kQPadB, kQPadR, kQDilH, kQDilW, kQGroups,
+  kQHasBias, kQAct, kQClipLo, kQClipHi, kQWeightLayout, kQSrcNCHW, kQSrcSigned, kQSrcScale,
+  kQSrcZp, kQConvNumAttrs
+};
+// Int8 matmul attrs (qmatmul): b is a constant s8 (K, N), or (N, K) with trans_b.
+enum QMatmulAttr { kQMTransB, kQMHasBias, kQMAct, kQMSrcSigned, kQMSrcScale, kQMSrcZp,
+                   kQMNumAttrs };
 
 // Attrs of an older artifact lack the trailing compute entry: fp32.
 std::vector<int64_t> WithCompute(std::vector<int64_t> a, size_t n) {
@@ -248,7 +267,8 @@ void AppendAct(dnnl::post_ops* po, int64_t act, float lo, float hi) {
 // Random weights can be freed and a new constant of the same shape allocated at the same
 // address (e.g. many modules compiled in one process); a sparse content fingerprint catches
 // that without hashing the whole tensor on every call.
-std::vector<float> Fingerprint(const float* p, int64_t n) {
+template <typename T>
+std::vector<float> Fingerprint(const T* p, int64_t n) {
   constexpr int64_t kSamples = 32;
   std::vector<float> fp;
   int64_t step = n > kSamples ? n / kSamples : 1;
@@ -293,9 +313,22 @@ struct MatmulEntry {
   memory a_buf;
 };
 
+// An int8 call: the quantizing reorder of the fp32 input and the int8 primitive, with the
+// weights reordered once and the scale / zero-point arguments both of them read.
+struct QuantEntry {
+  dnnl::primitive prim;
+  dnnl::reorder quantize;
+  memory::desc user_src_md, user_dst_md, dst_md;
+  memory src_buf, dst_buf, weights;
+  memory src_scale, wei_scale, src_zp;
+  bool has_zp = false, reorder_dst = false;
+  std::vector<float> fingerprint;
+};
+
 std::mutex g_mu;
 std::unordered_map<std::string, std::shared_ptr<ConvEntry>> g_conv_cache;
 std::unordered_map<std::string, std::shared_ptr<MatmulEntry>> g_matmul_cache;
+std::unordered_map<std::string, std::shared_ptr<QuantEntry>> g_quant_cache;
 
 std::shared_ptr<ConvEntry> CreateConv(const TensorView& data, const TensorView& weight,
                                       const TensorView& out, const std::vector<int64_t>& a,
@@ -544,6 +577,233 @@ void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
   rt.strm.wait();
 }
 
+// ---------------------------------------------------------------------------------------
+// Int8 (QDQ) convolution and matmul.
+
+void CheckInt8Weight(const TensorView& w, const TensorView& scales) {
+  TVM_FFI_ICHECK(w.dtype().code == kDLInt && w.dtype().bits == 8 && w.IsContiguous())
+      << "int8 weight must be a contiguous int8 tensor";
+  TVM_FFI_ICHECK(scales.dtype().code == kDLFloat && scales.dtype().bits == 32 &&
+                 scales.IsContiguous())
+      << "weight scales must be a contiguous float32 tensor";
+}
+
+// One f32 / s32 value as a oneDNN memory (scales and zero points are run-time arguments).
+memory ScalarMemory(const dnnl::engine& eng, dt type, const void* value, int64_t n = 1) {
+  memory m({{n}, type, tag::x}, eng);
+  std::memcpy(m.get_data_handle(), value, n * 4);
+  return m;
+}
+
+// The quantize step of the QDQ graph as a reorder: round(x / scale) + zero_point, saturated
+// to the int8 type of `to` (oneDNN rounds to nearest even, as QuantizeLinear does).
+void MakeQuantize(QuantEntry* e, const dnnl::engine& eng, const memory::desc& to) {
+  dnnl::primitive_attr ra;
+  ra.set_scales_mask(DNNL_ARG_DST, 0);
+  if (e->has_zp) ra.set_zero_points_mask(DNNL_ARG_DST, 0);
+  e->quantize = dnnl::reorder(dnnl::reorder::primitive_desc(eng, e->user_src_md, eng, to, ra));
+  e->src_buf = memory(to, eng);
+}
+
+void SetQuantParams(QuantEntry* e, const dnnl::engine& eng, int64_t scale_bits, int64_t zp,
+                    const TensorView& wscales) {
+  float s = BitsToFloat(scale_bits);
+  int32_t z = static_cast<int32_t>(zp);
+  e->src_scale = ScalarMemory(eng, dt::f32, &s);
+  e->src_zp = ScalarMemory(eng, dt::s32, &z);
+  e->wei_scale = ScalarMemory(eng, dt::f32, DataPtr(wscales), wscales.numel());
+}
+
+void RunQuant(QuantEntry* e, const TensorView& data, const TensorView& out,
+              const std::optional<TensorView>& bias, const memory::desc& bias_md) {
+  Runtime& rt = GetRuntime();
+  memory user_src(e->user_src_md, rt.eng, DataPtr(data));
+  std::unordered_map<int, memory> qargs{{DNNL_ARG_FROM, user_src}, {DNNL_ARG_TO, e->src_buf},
+                                        {DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, e->src_scale}};
+  if (e->has_zp) qargs[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = e->src_zp;
+  e->quantize.execute(rt.strm, qargs);
+  memory user_dst(e->user_dst_md, rt.eng, DataPtr(out));
+  memory dst = e->reorder_dst ? e->dst_buf : user_dst;
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, e->src_buf}, {DNNL_ARG_WEIGHTS, e->weights}, {DNNL_ARG_DST, dst},
+      {DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, e->src_scale},
+      {DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, e->wei_scale}};
+  if (e->has_zp) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = e->src_zp;
+  if (bias) {
+    CheckF32Contig(*bias, "bias");
+    args[DNNL_ARG_BIAS] = memory(bias_md, rt.eng, DataPtr(*bias));
+  }
+  e->prim.execute(rt.strm, args);
+  if (e->reorder_dst) dnnl::reorder(dst, user_dst).execute(rt.strm, dst, user_dst);
+  rt.strm.wait();
+}
+
+std::shared_ptr<QuantEntry> CreateQConv(const TensorView& data, const TensorView& weight,
+                                        const TensorView& wscales, const TensorView& out,
+                                        const std::vector<int64_t>& a) {
+  Runtime& rt = GetRuntime();
+  auto e = std::make_shared<QuantEntry>();
+  bool nhwc = a[kQWeightLayout] != 0, hwio = a[kQWeightLayout] == 2;
+  bool src_nchw = !nhwc || a[kQSrcNCHW] != 0;
+  auto logical = [](memory::dims d, bool is_nhwc) {
+    return is_nhwc ? memory::dims{d[0], d[3], d[1], d[2]} : d;
+  };
+  memory::dims src_dims = logical(Dims(data), !src_nchw), dst_dims = logical(Dims(out), nhwc);
+  memory::dims wd = Dims(weight);
+  memory::dims w_dims = hwio ? memory::dims{wd[3], wd[2], wd[0], wd[1]} : logical(wd, nhwc);
+  int64_t groups = a[kQGroups];
+  memory::dims wg_dims = w_dims;
+  tag w_tag = hwio ? tag::hwio : nhwc ? tag::ohwi : tag::oihw;
+  // Per-output-channel scales: the O axis, which a grouped weight splits into (G, O/G).
+  int wei_mask = wscales.numel() > 1 ? 1 : 0;
+  if (groups > 1) {
+    wg_dims = {groups, w_dims[0] / groups, w_dims[1], w_dims[2], w_dims[3]};
+    w_tag = hwio ? tag::hwigo : nhwc ? tag::gohwi : tag::goihw;
+    wei_mask = wscales.numel() > 1 ? 3 : 0;
+  }
+  TVM_FFI_ICHECK(wscales.numel() == 1 || wscales.numel() == w_dims[0])
+      << "weight scales must be one per tensor or one per output channel";
+  e->has_zp = a[kQSrcZp] != 0;
+  e->user_src_md = memory::desc(src_dims, dt::f32, src_nchw ? tag::nchw : tag::nhwc);
+  e->user_dst_md = memory::desc(dst_dims, dt::f32, nhwc ? tag::nhwc : tag::nchw);
+  dt sdt = a[kQSrcSigned] ? dt::s8 : dt::u8;
+  memory::desc src_any(src_dims, sdt, tag::any), dst_any(dst_dims, dt::f32, tag::any);
+  memory::desc w_any(wg_dims, dt::s8, tag::any);
+  memory::desc b_md = a[kQHasBias] ? memory::desc({dst_dims[1]}, dt::f32, tag::x)
+                                   : memory::desc();
+  dnnl::post_ops po;
+  AppendAct(&po, a[kQAct], BitsToFloat(a[kQClipLo]), BitsToFloat(a[kQClipHi]));
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(po);
+  attr.set_scales_mask(DNNL_ARG_SRC, 0);
+  attr.set_scales_mask(DNNL_ARG_WEIGHTS, wei_mask);
+  if (e->has_zp) attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+  memory::dims strides{a[kQStrideH], a[kQStrideW]};
+  memory::dims dil{a[kQDilH] - 1, a[kQDilW] - 1};
+  memory::dims pad_l{a[kQPadT], a[kQPadL]}, pad_r{a[kQPadB], a[kQPadR]};
+  auto pd = dnnl::convolution_forward::primitive_desc(
+      rt.eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_any,
+      w_any, b_md, dst_any, strides, dil, pad_l, pad_r, attr);
+  e->prim = dnnl::convolution_forward(pd);
+  MakeQuantize(e.get(), rt.eng, pd.src_desc());
+  e->dst_md = pd.dst_desc();
+  e->reorder_dst = e->dst_md != e->user_dst_md;
+  if (e->reorder_dst) e->dst_buf = memory(e->dst_md, rt.eng);
+  // The reorder into oneDNN's weight layout also computes the zero-point compensation the
+  // primitive's weights descriptor asks for.
+  memory user_w({wg_dims, dt::s8, w_tag}, rt.eng, DataPtr(weight));
+  e->weights = memory(pd.weights_desc(), rt.eng);
+  dnnl::reorder(user_w, e->weights).execute(rt.strm, user_w, e->weights);
+  rt.strm.wait();
+  SetQuantParams(e.get(), rt.eng, a[kQSrcScale], a[kQSrcZp], wscales);
+  return e;
+}
+
+void QConv2d(PackedArgs args, tvm::ffi::Any* rv) {
+  int n = args.size();
+  TVM_FFI_ICHECK_GE(n, 5) << "qconv2d(data, weight, weight_scales, [bias], attrs, out)";
+  std::vector<int64_t> a = ReadAttrs(args[n - 2]);
+  TVM_FFI_ICHECK_EQ(a.size(), static_cast<size_t>(kQConvNumAttrs)) << "bad qconv2d attrs";
+  bool has_bias = a[kQHasBias] != 0;
+  TVM_FFI_ICHECK_EQ(n, 5 + has_bias) << "qconv2d arg count does not match attrs";
+  TensorView data = args[0].cast<TensorView>();
+  TensorView weight = args[1].cast<TensorView>();
+  TensorView wscales = args[2].cast<TensorView>();
+  std::optional<TensorView> bias;
+  if (has_bias) bias = args[3].cast<TensorView>();
+  TensorView out = args[n - 1].cast<TensorView>();
+  CheckF32Contig(data, "data");
+  CheckF32Contig(out, "out");
+  CheckInt8Weight(weight, wscales);
+  TVM_FFI_ICHECK(data.ndim() == 4 && weight.ndim() == 4 && out.ndim() == 4) << "qconv2d is 2-D";
+
+  std::lock_guard<std::mutex> lock(g_mu);
+  ApplyThreads();
+  const int8_t* wptr = static_cast<const int8_t*>(DataPtr(weight));
+  std::string key = MakeKey("qconv", wptr, a, {Dims(data), Dims(weight), Dims(out)});
+  auto fp = Fingerprint(wptr, weight.numel());
+  auto it = g_quant_cache.find(key);
+  std::shared_ptr<QuantEntry> e;
+  if (it != g_quant_cache.end() && SameFingerprint(it->second->fingerprint, fp)) {
+    e = it->second;
+  } else {
+    e = CreateQConv(data, weight, wscales, out, a);
+    e->fingerprint = std::move(fp);
+    g_quant_cache[key] = e;
+  }
+  memory::desc b_md;
+  if (has_bias) b_md = memory::desc({bias->numel()}, dt::f32, tag::x);
+  RunQuant(e.get(), data, out, bias, b_md);
+}
+
+// a: (..., M, K) fp32, its batch dims folded into M; b: constant s8 (K, N) or (N, K).
+void QMatmul(PackedArgs args, tvm::ffi::Any* rv) {
+  int n = args.size();
+  TVM_FFI_ICHECK_GE(n, 5) << "qmatmul(a, b, b_scales, [bias], attrs, out)";
+  std::vector<int64_t> at = ReadAttrs(args[n - 2]);
+  TVM_FFI_ICHECK_EQ(at.size(), static_cast<size_t>(kQMNumAttrs)) << "bad qmatmul attrs";
+  bool has_bias = at[kQMHasBias] != 0, trans_b = at[kQMTransB] != 0;
+  TVM_FFI_ICHECK_EQ(n, 5 + has_bias) << "qmatmul arg count does not match attrs";
+  TensorView A = args[0].cast<TensorView>();
+  TensorView B = args[1].cast<TensorView>();
+  TensorView bscales = args[2].cast<TensorView>();
+  std::optional<TensorView> bias;
+  if (has_bias) bias = args[3].cast<TensorView>();
+  TensorView out = args[n - 1].cast<TensorView>();
+  CheckF32Contig(A, "a");
+  CheckF32Contig(out, "out");
+  CheckInt8Weight(B, bscales);
+  TVM_FFI_ICHECK(A.ndim() >= 2 && B.ndim() == 2) << "qmatmul needs a 2-D constant b";
+  int64_t K = A.size(A.ndim() - 1);
+  int64_t N = trans_b ? B.size(0) : B.size(1);
+  int64_t M = A.numel() / K;
+  TVM_FFI_ICHECK_EQ(out.numel(), M * N) << "out shape mismatch";
+  TVM_FFI_ICHECK(bscales.numel() == 1 || bscales.numel() == N)
+      << "b scales must be one per tensor or one per output column";
+  memory::dims a_dims{M, K}, b_dims{K, N}, o_dims{M, N};
+
+  std::lock_guard<std::mutex> lock(g_mu);
+  ApplyThreads();
+  Runtime& rt = GetRuntime();
+  const int8_t* bptr = static_cast<const int8_t*>(DataPtr(B));
+  std::string key = MakeKey("qmatmul", bptr, at, {a_dims, b_dims});
+  auto fp = Fingerprint(bptr, B.numel());
+  auto it = g_quant_cache.find(key);
+  std::shared_ptr<QuantEntry> e;
+  if (it != g_quant_cache.end() && SameFingerprint(it->second->fingerprint, fp)) {
+    e = it->second;
+  } else {
+    e = std::make_shared<QuantEntry>();
+    e->has_zp = at[kQMSrcZp] != 0;
+    e->user_src_md = memory::desc(a_dims, dt::f32, tag::ab);
+    e->user_dst_md = e->dst_md = memory::desc(o_dims, dt::f32, tag::ab);
+    memory::desc a_md(a_dims, at[kQMSrcSigned] ? dt::s8 : dt::u8, tag::ab);
+    memory::desc b_any(b_dims, dt::s8, tag::any);
+    memory::desc bias_md;
+    if (has_bias) bias_md = memory::desc({1, N}, dt::f32, tag::ab);
+    dnnl::post_ops po;
+    AppendAct(&po, at[kQMAct], 0.f, 0.f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(po);
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, bscales.numel() > 1 ? 2 : 0);  // per column: N
+    if (e->has_zp) attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+    auto pd = dnnl::matmul::primitive_desc(rt.eng, a_md, b_any, bias_md, e->dst_md, attr);
+    e->prim = dnnl::matmul(pd);
+    MakeQuantize(e.get(), rt.eng, a_md);
+    memory::desc user_b_md(b_dims, dt::s8,
+                           trans_b ? memory::dims{1, K} : memory::dims{N, 1});
+    memory user_b(user_b_md, rt.eng, const_cast<int8_t*>(bptr));
+    e->weights = memory(pd.weights_desc(), rt.eng);
+    dnnl::reorder(user_b, e->weights).execute(rt.strm, user_b, e->weights);
+    rt.strm.wait();
+    SetQuantParams(e.get(), rt.eng, at[kQMSrcScale], at[kQMSrcZp], bscales);
+    e->fingerprint = std::move(fp);
+    g_quant_cache[key] = e;
+  }
+  RunQuant(e.get(), A, out, bias, memory::desc({1, N}, dt::f32, tag::ab));
+}
+
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
@@ -551,6 +811,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def_packed("tvmopt.onednn.conv2d", Conv2d)
       .def_packed("tvmopt.onednn.matmul", Matmul)
+      .def_packed("tvmopt.onednn.qconv2d", QConv2d)
+      .def_packed("tvmopt.onednn.qmatmul", QMatmul)
       .def("tvmopt.onednn.share_pool",
            [](const std::string& path) -> bool { return SharePool(path); })
       .def("tvmopt.onednn.uses_shared_pool",

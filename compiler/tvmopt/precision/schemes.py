@@ -168,14 +168,30 @@ class FakeQuant(Scheme):
     """A QDQ model: the quantize/dequantize pairs run as fake quantization in fp32."""
 
     def consider(self, ctx):
-        if ctx.done or not any(k.fake_quant for k in ctx.kernels):
+        # The int8 library calls absorb the quantize/dequantize pairs around them: a model
+        # whose every pair went into one still is a QDQ model.
+        offered = [c for c in ctx.library if getattr(c, "quantized", False)]
+        if ctx.done or not (offered or any(k.fake_quant for k in ctx.kernels)):
             return
         ctx.done = True
         hw = ctx.hw
         dot = ", ".join(hw.fast_instructions("int8")) or "no int8 dot-product instructions"
-        ctx.decide("int8", "refused", f"QDQ model: tvmopt computes it in fp32 with the "
-                   f"quantize/dequantize steps kept (outputs match onnxruntime); {hw.name} has "
-                   f"{dot}, and tvmopt has no int8 lowering of QDQ")
+        chosen = [c for c in offered if c.choice == "library" and c.precision == "int8"]
+        if chosen:
+            sites = sum(c.sites for c in chosen)
+            ctx.decide("int8", "chosen", f"QDQ model: int8 compute chosen for {len(chosen)} of "
+                       f"{len(offered)} quantized convolution/matmul library workload(s) "
+                       f"({sites} call site(s), oneDNN int8 kernels; {hw.name} has {dot}), each "
+                       "where it timed faster than the QDQ graph in fp32; the rest keep the "
+                       "quantize/dequantize steps in fp32")
+        elif offered:
+            ctx.decide("int8", "refused", f"QDQ model: int8 library kernels timed on "
+                       f"{len(offered)} quantized convolution/matmul workload(s) were faster on "
+                       "none; tvmopt computes it in fp32 with the quantize/dequantize steps kept")
+        else:
+            ctx.decide("int8", "refused", f"QDQ model: tvmopt computes it in fp32 with the "
+                       f"quantize/dequantize steps kept (outputs match onnxruntime); {hw.name} "
+                       f"has {dot}, and tvmopt has no int8 lowering of QDQ")
         for k in ctx.kernels:
             if k.fake_quant:
                 k.why = "QDQ fake quantization in fp32"
