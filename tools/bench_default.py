@@ -51,6 +51,10 @@ def _args(argv):
     ap.add_argument("--dispatch", default="codegen,auto")
     ap.add_argument("--precision", default="auto",
                     help="tvmopt precisions to build (each with every --dispatch), e.g. fp32,auto")
+    ap.add_argument("--int8", default="",
+                    help="also bench each model's onnxruntime quantization, 'static' (QDQ, "
+                         "per-channel) and/or 'dynamic': the int8 file compiled by tvmopt and "
+                         "run by the baselines, beside tvmopt's build of the fp32 original")
     ap.add_argument("--baselines", default=",".join(BASELINES),
                     help="onnxruntime is always run (the ratios' base); openvino and "
                          "openvino-f32 are skipped when openvino is not installed")
@@ -72,27 +76,37 @@ def _geomean(ratios) -> float:
 
 
 def markdown(results: dict) -> str:
-    """The rows of a --json results file as a Markdown table, then the geometric means."""
+    """The rows of a --json results file as Markdown tables (the fp32 models, then their int8
+    quantizations), each with its geometric means and largest errors."""
     rows = results["rows"]
-    runners = [k for k in rows[0]["ms"] if all(k in r["ms"] for r in rows)]
-    builds = [r for r in runners if r.startswith("tvmopt-")]
-    others = [r for r in runners if not r.startswith("tvmopt-") and r != "onnxruntime"]
-    head = (["model", "batch"] + [f"{b} P50 (x ort)" for b in builds]
-            + ["onnxruntime P50"] + [f"{o} P50 (x ort)" for o in others]
-            + ["compile " + " / ".join(b[len("tvmopt-"):] for b in builds)])
     host = results.get("host")
     out = []
     if isinstance(host, dict):
         out += [f"Host: {host['cpu']}, {host['cores']} cores ({' '.join(host['features'])}); "
                 f"{results['threads']} threads per runtime, "
                 f"{results.get('isolation', 'one process')}.", ""]
-    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for members in ([r for r in rows if "int8)" not in r["model"]],
+                    [r for r in rows if "int8)" in r["model"]]):
+        if members:
+            out += _table(members) + [""]
+    return "\n".join(out).rstrip()
+
+
+def _table(rows: list[dict]) -> list[str]:
+    runners = [k for k in rows[0]["ms"] if all(k in r["ms"] for r in rows)]
+    builds = [r for r in runners if r.startswith("tvmopt-")]
+    others = [r for r in runners if not r.startswith("tvmopt-") and r != "onnxruntime"]
+    compiled = [b for b in builds if b[len("tvmopt-"):] in rows[0]["compile_s"]]
+    head = (["model", "batch"] + [f"{b} P50 (x ort)" for b in builds]
+            + ["onnxruntime P50"] + [f"{o} P50 (x ort)" for o in others]
+            + ["compile " + " / ".join(b[len("tvmopt-"):] for b in compiled)])
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cell = {k: f"{v['p50']:.2f} ms ({v['ratio_to_ort']:.2f}x)" for k, v in r["ms"].items()}
         out.append("| " + " | ".join(
             [r["model"], str(r["batch"])] + [cell[b] for b in builds]
             + [f"{r['ms']['onnxruntime']['p50']:.2f} ms"] + [cell[o] for o in others]
-            + [" / ".join(f"{r['compile_s'][b[len('tvmopt-'):]]:.1f} s" for b in builds)])
+            + [" / ".join(f"{r['compile_s'][b[len('tvmopt-'):]]:.1f} s" for b in compiled)])
             + " |")
     out += ["", "| rows | " + " | ".join(builds + others) + " |",
             "|---|" + "---|" * (len(builds) + len(others))]
@@ -102,7 +116,7 @@ def markdown(results: dict) -> str:
     if all("rel_err" in r for r in rows):
         out.append("| largest error vs onnxruntime (max abs / max ref) | " + " | ".join(
             f"{max(r['rel_err'][k] for r in rows):.1e}" for k in builds + others) + " |")
-    return "\n".join(out)
+    return out
 
 
 def _source(name: str):
@@ -171,6 +185,101 @@ def _baseline_specs(args, path, source, name, batch) -> dict:
     return specs
 
 
+def quantized(path: str, kind: str, feed: dict) -> str:
+    """onnxruntime's quantization of the model at `path`: 'static' (QDQ, per-channel weights,
+    u8 activations calibrated on seeded inputs shaped like `feed`) or 'dynamic' (int8 weights,
+    activations quantized at run time). Cached by file name."""
+    import logging
+
+    import numpy as np
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_dynamic, quantize_static)
+
+    out = str(Path(path).with_name(f"{Path(path).stem}_{kind}_int8.onnx"))
+    if Path(out).exists():
+        return out
+    logging.getLogger().setLevel(logging.ERROR)
+    if kind == "dynamic":
+        quantize_dynamic(path, out, weight_type=QuantType.QInt8)
+        return out
+    if kind != "static":
+        raise SystemExit(f"--int8: unknown '{kind}' (choose static, dynamic)")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(1)
+            self.it = iter([{k: (rng.standard_normal(v.shape).astype(v.dtype)
+                                 if v.dtype.kind == "f" else v) for k, v in feed.items()}
+                            for _ in range(8)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(path, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return out
+
+
+def _compile_row(args, row, path, out):
+    """Compile every tvmopt variant of `path` (while no worker runs: compile times kernels)."""
+    import tvmopt
+    from tvmopt.bench.isolated import Spec
+
+    specs = {}
+    for runner, mode, prec in _variants(args):
+        t0 = time.perf_counter()
+        res = tvmopt.compile_model(tvmopt.CompileOptions(
+            model=path, target=args.target, dispatch=mode, precision=prec,
+            output=str(out / "artifacts" / f"{Path(path).stem}_{mode}_{prec}")),
+            log=lambda s: None)
+        key = runner[len("tvmopt-"):]
+        row["compile_s"][key] = round(time.perf_counter() - t0, 1)
+        choices = res.artifact.manifest["kernels"]["choices"]
+        row.setdefault("library_sites", {})[key] = sum(
+            c["sites"] for c in choices if c["choice"] == "library")
+        specs[runner] = Spec("tvmopt", str(res.artifact.path))
+    return specs
+
+
+def _measure_row(args, row, specs, feed) -> dict:
+    """One worker per runtime; outputs checked against onnxruntime; interleaved timing."""
+    import numpy as np
+
+    import tvmopt
+    from tvmopt.bench.isolated import Worker, interleaved
+    from tvmopt.interface.gate import relative_error
+
+    workers = {}
+    try:
+        for k, spec in specs.items():
+            try:
+                workers[k] = Worker(k, spec, args.threads, feed)
+            except tvmopt.TvmoptError as err:
+                print(f"  {k}: skipped ({err})")
+        # Same answers first: a fast wrong kernel is not a result. The error is
+        # max |out - onnxruntime| / max |onnxruntime| (what the accuracy gate uses).
+        ref0 = next(iter(workers["onnxruntime"].outputs().values()))
+        for k, w in workers.items():
+            got = next(iter(w.outputs().values()))
+            row.setdefault("rel_err", {})[k] = relative_error({"o": got}, {"o": ref0})[0]
+            if "precision" in w.info:
+                row["precision"][k] = w.info["precision"]
+        times = interleaved(workers, args.runs, args.block)
+    finally:
+        for w in workers.values():
+            w.close()
+    ort_p50 = float(np.median(times["onnxruntime"]))
+    for k, t in times.items():
+        p50, p95 = float(np.median(t)), float(np.percentile(t, 95))
+        row["ms"][k] = {"p50": round(p50, 3), "p95": round(p95, 3),
+                        "ratio_to_ort": round(p50 / ort_p50, 3)}
+    print(f"{row['model']:15s} b{row['batch']:<2d} " + "  ".join(
+        f"{k} {v['p50']:8.2f} ms ({v['ratio_to_ort']:.2f}x, err {row['rel_err'][k]:.1e})"
+        for k, v in row["ms"].items())
+        + "  compile " + ", ".join(f"{m} {s}s" for m, s in row["compile_s"].items()), flush=True)
+    return row
+
+
 def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
     args = _args(argv)
@@ -181,85 +290,59 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    import tvmopt
-    from tvmopt.bench.isolated import Spec, Worker, interleaved
-    from tvmopt.interface.gate import relative_error
+    from tvmopt.bench.isolated import Spec
 
     host = host_description()
     print(f"host: {host['cpu']} ({host['cores']} cores; {' '.join(host['features'])}); "
           f"{args.threads} threads per runtime, each in its own process")
     out = Path(args.out)
     rows = []
+    kinds = [k for k in args.int8.split(",") if k]
     for full_name in args.models.split(","):
         source, name = _source(full_name)
         for batch in [int(b) for b in args.batches.split(",")]:
-            path = source.export(name, str(out / "models"), batch)
+            original = source.export(name, str(out / "models"), batch)
             feed = {"input": source.example(name, batch).numpy()}
             row = {"model": full_name, "batch": batch, "compile_s": {}, "ms": {},
                    "precision": {}}
-            specs = {}
-            # Compiles first, while no worker exists: compile times kernels on this host.
-            for runner, mode, prec in _variants(args):
-                t0 = time.perf_counter()
-                res = tvmopt.compile_model(tvmopt.CompileOptions(
-                    model=path, target=args.target, dispatch=mode, precision=prec,
-                    output=str(out / "artifacts" / f"{name}_b{batch}_{mode}_{prec}")),
-                    log=lambda s: None)
-                key = runner[len("tvmopt-"):]
-                row["compile_s"][key] = round(time.perf_counter() - t0, 1)
-                kernels = res.artifact.manifest["kernels"]
-                row.setdefault("library_sites", {})[key] = sum(
-                    c["sites"] for c in kernels["choices"] if c["choice"] == "library")
-                specs[runner] = Spec("tvmopt", str(res.artifact.path))
-            specs.update(_baseline_specs(args, path, source, name, batch))
-            workers = {}
-            try:
-                for k, spec in specs.items():
-                    try:
-                        workers[k] = Worker(k, spec, args.threads, feed)
-                    except tvmopt.TvmoptError as err:
-                        print(f"  {k}: skipped ({err})")
-                # Same answers first: a fast wrong kernel is not a result. The error is
-                # max |out - onnxruntime| / max |onnxruntime| (what the accuracy gate uses).
-                ref = workers["onnxruntime"].outputs()
-                ref0 = next(iter(ref.values()))
-                for k, w in workers.items():
-                    got = next(iter(w.outputs().values()))
-                    row.setdefault("rel_err", {})[k] = relative_error({"o": got}, {"o": ref0})[0]
-                    if "precision" in w.info:
-                        row["precision"][k] = w.info["precision"]
-                times = interleaved(workers, args.runs, args.block)
-            finally:
-                for w in workers.values():
-                    w.close()
-            ort_p50 = float(np.median(times["onnxruntime"]))
-            for k, t in times.items():
-                p50, p95 = float(np.median(t)), float(np.percentile(t, 95))
-                row["ms"][k] = {"p50": round(p50, 3), "p95": round(p95, 3),
-                                "ratio_to_ort": round(p50 / ort_p50, 3)}
-            rows.append(row)
-            print(f"{name:15s} b{batch:<2d} " + "  ".join(
-                f"{k} {v['p50']:8.2f} ms ({v['ratio_to_ort']:.2f}x, err "
-                f"{row['rel_err'][k]:.1e})" for k, v in row["ms"].items())
-                + "  compile " + ", ".join(f"{m} {s}s" for m, s in row["compile_s"].items()),
-                flush=True)
+            specs = _compile_row(args, row, original, out)
+            fp32_original = specs[_variants(args)[0][0]].path
+            specs.update(_baseline_specs(args, original, source, name, batch))
+            rows.append(_measure_row(args, row, specs, feed))
+            for kind in kinds:
+                # The int8 file against the baselines on the same file, beside what the user
+                # had before quantizing: tvmopt's (first) build of the fp32 original.
+                path = quantized(original, kind, feed)
+                row = {"model": f"{full_name} ({kind} int8)", "batch": batch, "compile_s": {},
+                       "ms": {}, "precision": {}}
+                specs = _compile_row(args, row, path, out)
+                specs["tvmopt-fp32-original"] = Spec("tvmopt", fp32_original)
+                specs.update(_baseline_specs(args, path, source, name, batch))
+                specs.pop("torch", None)  # the same eager fp32 module as the original's row
+                rows.append(_measure_row(args, row, specs, feed))
 
-    print("\nmodel            batch | " + " | ".join(
-        f"{k} P50 / P95 ms (x ort)" for k in rows[0]["ms"]) + " | compile s")
+    print("\nmodel, batch: runtime P50 / P95 ms (x onnxruntime)")
     for r in rows:
         print(f"{r['model']:16s} {r['batch']:5d} | " + " | ".join(
-            f"{v['p50']:.2f} / {v['p95']:.2f} ({v['ratio_to_ort']:.2f}x)" for v in r["ms"].values())
-            + " | " + ", ".join(f"{m} {s}" for m, s in r["compile_s"].items()))
+            f"{k} {v['p50']:.2f} / {v['p95']:.2f} ({v['ratio_to_ort']:.2f}x)"
+            for k, v in r["ms"].items())
+            + " | compile " + ", ".join(f"{m} {s}" for m, s in r["compile_s"].items()))
     summary = {}
-    common = [k for k in rows[0]["ms"] if all(k in r["ms"] for r in rows)]
-    for k in common:
-        ratios = np.array([r["ms"][k]["ratio_to_ort"] for r in rows])
-        summary[k] = {"geomean_ratio": round(_geomean(ratios), 3),
-                      "worst_ratio": round(float(ratios.max()), 3),
-                      "worst_rel_err": max(r["rel_err"][k] for r in rows)}
-        print(f"geomean ratio to onnxruntime, {k}: {summary[k]['geomean_ratio']:.2f}x "
-              f"(worst {summary[k]['worst_ratio']:.2f}x; error vs onnxruntime up to "
-              f"{summary[k]['worst_rel_err']:.1e})")
+    for group, members in (("fp32 models", [r for r in rows if "int8)" not in r["model"]]),
+                           ("int8 models", [r for r in rows if "int8)" in r["model"]])):
+        if not members:
+            continue
+        keys = [k for k in members[0]["ms"] if all(k in r["ms"] for r in members)]
+        print(f"-- {group} ({len(members)} rows)")
+        for k in keys:
+            ratios = np.array([r["ms"][k]["ratio_to_ort"] for r in members])
+            summary[f"{group}: {k}"] = s = {
+                "geomean_ratio": round(_geomean(ratios), 3),
+                "worst_ratio": round(float(ratios.max()), 3),
+                "worst_rel_err": max(r["rel_err"][k] for r in members)}
+            print(f"geomean ratio to onnxruntime, {k}: {s['geomean_ratio']:.2f}x "
+                  f"(worst {s['worst_ratio']:.2f}x; error vs onnxruntime up to "
+                  f"{s['worst_rel_err']:.1e})")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({
             "threads": args.threads, "host": host, "isolation": "one process per runtime",
