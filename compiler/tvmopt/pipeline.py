@@ -89,10 +89,13 @@ def _simplify(target, cfg):
     from tvm import relax
 
     from .passes.fold_pad import FoldPadIntoConv
+    from .passes.power_to_multiply import PowerToMultiply
 
+    # PowerToMultiply before FoldConstant: FoldConstant legalizes each power it meets and TVM
+    # warns on every pow with exponent >= 3 (the importer has made the exponents constants).
     return [relax.transform.DecomposeOpsForInference(), FoldPadIntoConv,
-            relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant(),
-            *cfg.extra_passes]
+            relax.transform.CanonicalizeBindings(), PowerToMultiply,
+            relax.transform.FoldConstant(), *cfg.extra_passes]
 
 
 def _precision(target, cfg):
