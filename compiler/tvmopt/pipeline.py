@@ -103,22 +103,11 @@ def _precision(target, cfg):
 
 
 def _fast_math(target, cfg):
-    import tvm
-    from tvm import relax
-
     from .passes.fast_math import FastMath
 
-    @tvm.transform.module_pass(opt_level=0, name="tvmopt.FastMathStaticShapes")
-    def fast_math_static(mod, ctx):
-        # The fast forms' call_te kernels broke FuseTIR on symbolic shapes ("Inconsistent
-        # buffers ... mapped to the same relax var", exported GPT/BERT with dynamic batch/seq):
-        # modules with symbolic dims keep the exact ops.
-        if any(relax.analysis.defined_symbolic_vars(f) for f in mod.functions.values()
-               if isinstance(f, relax.Function)):
-            return mod
-        return FastMath(mod)
-
-    return [fast_math_static]
+    # Legalizes the whole module, static or symbolic: the fast kernels must be built from the
+    # same re-derived shapes as their neighbours for FuseTIR to fuse them (see the pass).
+    return [FastMath]
 
 
 def _layout(target, cfg):
