@@ -55,6 +55,9 @@ class PipelineConfig:
     weight_prepack: bool = False
     exec_mode: str = "bytecode"
     dispatch: str = DEFAULT_DISPATCH
+    # Symbolic dim name -> its largest value (`compile --dim seq=1..512`): memory is planned
+    # once for it (passes.dim_bounds).
+    dim_upper_bounds: dict = field(default_factory=dict)
     # NHWC convolutions (the default schedules' layout). None: on unless a tuning database is
     # applied, since its records were tuned on the NCHW functions tuning extracted.
     channels_last: bool | None = None
@@ -245,9 +248,12 @@ def _dlight_gpu(target, cfg):
 def _lower(target, cfg):
     from tvm import relax
 
+    from .passes.dim_bounds import SetDimUpperBounds
     from .passes.empty_constants import EmptyConstantsToAllocs
 
-    return [relax.transform.RewriteDataflowReshape(), relax.transform.ToNonDataflow(),
+    # The bounds go on before StaticPlanBlockMemory, the pass that reads them.
+    bounds = [SetDimUpperBounds(cfg.dim_upper_bounds)] if cfg and cfg.dim_upper_bounds else []
+    return [*bounds, relax.transform.RewriteDataflowReshape(), relax.transform.ToNonDataflow(),
             EmptyConstantsToAllocs,
             relax.transform.RemovePurityChecking(), relax.transform.CallTIRRewrite(),
             relax.transform.StaticPlanBlockMemory(), relax.transform.LowerAllocTensor(),

@@ -54,14 +54,16 @@ class GPT(nn.Module):
         return self.lm(self.ln(x))
 
 
-def _export(kind: str, dynamo: bool, dynamic: bool, path: str) -> None:
+def _export(kind: str, dynamo: bool, dynamic: bool, path: str,
+            dims: tuple[str, ...] = ("batch", "seq")) -> None:
     torch.manual_seed(0)
     ids = torch.randint(0, 50, (EXPORT_BATCH, EXPORT_SEQ))
     if kind == "bert":
         model, args, names = Bert().eval(), (ids, torch.ones_like(ids)), ["input_ids", "attention_mask"]
     else:
         model, args, names = GPT().eval(), (ids,), ["input_ids"]
-    axes = {n: {0: "batch", 1: "seq"} for n in names} if dynamic else None
+    axes = ({n: {i: d for i, d in enumerate(("batch", "seq")) if d in dims} for n in names}
+            if dynamic else None)
     # Not under no_grad: the legacy exporter would then meet PyTorch's fused encoder fast path
     # (aten::_transformer_encoder_layer_fwd), which it cannot export.
     torch.onnx.export(model, args, path, input_names=names, output_names=["logits"],
