@@ -247,7 +247,8 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
             "inputs": [i.to_json() for i in imported.inputs],
             "outputs": [o.to_json() for o in imported.outputs],
             "shape_overrides": {k: list(v) for k, v in opts.shapes.items()},
-            "dim_bounds": {k: list(v) for k, v in opts.dim_bounds.items()},
+            "dim_bounds": {k: list(v) for k, v in {**_program_bounds(imported.mod),
+                                                    **opts.dim_bounds}.items()},
             "passes": pipeline.pass_names(hw.device, target, cfg),
             "precision": precision_manifest(plan),
             "tuning": {"database": None},
@@ -301,6 +302,22 @@ def _check_dim_names(bounds: dict, inputs) -> None:
     if unknown:
         raise ShapeError(f"--dim {unknown[0]}: not a symbolic dim of the model's inputs "
                          f"(symbolic dims: {', '.join(symbolic) or 'none'})")
+
+
+def _program_bounds(mod) -> dict[str, tuple[int, int]]:
+    """The ranges the imported program itself gives its dims (a torch.export Dim's min/max).
+
+    The memory plan holds only up to those upper bounds too, so the loader must refuse past
+    them as it does past `--dim NAME=LO..HI`.
+    """
+    from tvm import relax
+
+    main = next((f for gv, f in mod.functions_items()
+                 if gv.name_hint == "main" and isinstance(f, relax.Function)), None)
+    attrs = dict(main.attrs) if main is not None and main.attrs is not None else {}
+    upper = {str(k): int(v) for k, v in dict(attrs.get("tir_var_upper_bound") or {}).items()}
+    lower = {str(k): int(v) for k, v in dict(attrs.get("tir_var_lower_bound") or {}).items()}
+    return {k: (lower.get(k, 0), hi) for k, hi in upper.items()}
 
 
 def _accuracy_gate(opts, imported, cfg, plan, replay, ex, config, build_all, manifest_of, cc,

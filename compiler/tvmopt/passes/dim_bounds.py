@@ -35,7 +35,10 @@ def SetDimUpperBounds(bounds: dict[str, int]):  # noqa: N802 - named like TVM's 
             mine = {k: int(v) for k, v in bounds.items() if k in names}
             if mine:
                 found |= set(mine)
-                mod[gv] = func.with_attr(UPPER_BOUND_ATTR, mine)
+                # Keep the bounds the importer set (a torch.export Dim's range) for other dims.
+                had = func.attrs.get(UPPER_BOUND_ATTR) if func.attrs is not None else None
+                merged = {**{str(k): int(v) for k, v in dict(had or {}).items()}, **mine}
+                mod[gv] = func.with_attr(UPPER_BOUND_ATTR, merged)
         missing = sorted(set(bounds) - found)
         if missing:
             raise BuildError(f"dim bound(s) {', '.join(missing)}: no such symbolic dim in the "
