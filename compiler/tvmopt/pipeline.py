@@ -55,6 +55,9 @@ class PipelineConfig:
     weight_prepack: bool = False
     exec_mode: str = "bytecode"
     dispatch: str = DEFAULT_DISPATCH
+    # Symbolic dim name -> its largest value (`compile --dim seq=1..512`): memory is planned
+    # once for it (passes.dim_bounds).
+    dim_upper_bounds: dict = field(default_factory=dict)
     # NHWC convolutions (the default schedules' layout). None: on unless a tuning database is
     # applied, since its records were tuned on the NCHW functions tuning extracted.
     channels_last: bool | None = None
@@ -89,6 +92,7 @@ def _simplify(target, cfg):
     from tvm import relax
 
     from .passes.fold_pad import FoldPadIntoConv
+    from .passes.power_to_multiply import PowerToMultiply
 
     # A QDQ model's int8 weights, noted before FoldConstant makes fp32 constants of them: the
     # dispatch phase gives them to oneDNN's int8 kernels.
@@ -100,9 +104,11 @@ def _simplify(target, cfg):
             from .kernels.onednn import RecordQDQWeights
 
             record = [RecordQDQWeights]
+    # PowerToMultiply before FoldConstant: FoldConstant legalizes each power it meets and TVM
+    # warns on every pow with exponent >= 3 (the importer has made the exponents constants).
     return [*record, relax.transform.DecomposeOpsForInference(), FoldPadIntoConv,
-            relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant(),
-            *cfg.extra_passes]
+            relax.transform.CanonicalizeBindings(), PowerToMultiply,
+            relax.transform.FoldConstant(), *cfg.extra_passes]
 
 
 def _precision(target, cfg):
@@ -110,22 +116,11 @@ def _precision(target, cfg):
 
 
 def _fast_math(target, cfg):
-    import tvm
-    from tvm import relax
-
     from .passes.fast_math import FastMath
 
-    @tvm.transform.module_pass(opt_level=0, name="tvmopt.FastMathStaticShapes")
-    def fast_math_static(mod, ctx):
-        # The fast forms' call_te kernels broke FuseTIR on symbolic shapes ("Inconsistent
-        # buffers ... mapped to the same relax var", exported GPT/BERT with dynamic batch/seq):
-        # modules with symbolic dims keep the exact ops.
-        if any(relax.analysis.defined_symbolic_vars(f) for f in mod.functions.values()
-               if isinstance(f, relax.Function)):
-            return mod
-        return FastMath(mod)
-
-    return [fast_math_static]
+    # Legalizes the whole module, static or symbolic: the fast kernels must be built from the
+    # same re-derived shapes as their neighbours for FuseTIR to fuse them (see the pass).
+    return [FastMath]
 
 
 def _layout(target, cfg):
@@ -207,9 +202,12 @@ def _dlight_gpu(target, cfg):
 def _lower(target, cfg):
     from tvm import relax
 
+    from .passes.dim_bounds import SetDimUpperBounds
     from .passes.empty_constants import EmptyConstantsToAllocs
 
-    return [relax.transform.RewriteDataflowReshape(), relax.transform.ToNonDataflow(),
+    # The bounds go on before StaticPlanBlockMemory, the pass that reads them.
+    bounds = [SetDimUpperBounds(cfg.dim_upper_bounds)] if cfg and cfg.dim_upper_bounds else []
+    return [*bounds, relax.transform.RewriteDataflowReshape(), relax.transform.ToNonDataflow(),
             EmptyConstantsToAllocs,
             relax.transform.RemovePurityChecking(), relax.transform.CallTIRRewrite(),
             relax.transform.StaticPlanBlockMemory(), relax.transform.LowerAllocTensor(),

@@ -129,3 +129,57 @@ def test_a_bad_bench_shape_is_one_line(cli, tmp_path, spec, needle):
     res = cli("bench", tmp_path / "m.onnx", "--shape", spec)
     assert res.exit_code == 1 and needle in res.output, res.output
     assert res.output.startswith("tvmopt: error:") and res.output.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def seq_artifact(tmp_path_factory):
+    """A (batch, seq, 8) -> (batch, seq, 4) model compiled with seq bounded to 2..32."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    out = tmp_path_factory.mktemp("bench_dims")
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4)).astype("float32"), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])],
+                          initializer=[w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(out / "m.onnx"))
+    res = CliRunner().invoke(main, ["compile", str(out / "m.onnx"), "-o", str(out / "m.tvmopt"),
+                                    "--dim", "seq=2..32", "--dispatch", "codegen"])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _bench_dims(folder, *extra):
+    args = ["bench", str(folder / "m.tvmopt"), "--model", str(folder / "m.onnx"), "--runs", "2",
+            "--warmup", "0", "--profile-top", "0", "--no-coldstart", "--baselines", "ort",
+            "--json", str(folder / "d.json"), "-q", *extra]
+    return CliRunner().invoke(main, args)
+
+
+def test_bench_says_which_value_each_symbolic_dim_got(seq_artifact):
+    res = _bench_dims(seq_artifact, "--dim", "seq=16")
+    assert res.exit_code == 0, res.output
+    assert "symbolic dims: batch = the batch size; seq = 16 (--dim)" in res.output
+    doc = json.loads((seq_artifact / "d.json").read_text())
+    assert doc["dims"] == {"batch": {"value": "--batch", "from": "--batch"},
+                           "seq": {"value": 16, "from": "--dim"}}
+    assert {r["runner"] for r in doc["closed_loop"]} == {"tvmopt", "onnxruntime"}
+
+    # Not given: the lower bound it was compiled for (1 would be refused), and it says so.
+    res = _bench_dims(seq_artifact)
+    assert res.exit_code == 0, res.output
+    assert "seq = 2 (the compiled lower bound)" in res.output
+    assert json.loads((seq_artifact / "d.json").read_text())["dims"]["seq"] == {"value": 2,
+                                                                               "from": "bound"}
+
+
+@pytest.mark.parametrize("dim,needle", [("seq=64", "outside 2..32"), ("batch=2", "set it with --batch"),
+                                        ("len=3", "not a symbolic dim"), ("seq=x", "integer")])
+def test_a_bad_bench_dim_is_one_line(seq_artifact, dim, needle):
+    res = _bench_dims(seq_artifact, "--dim", dim)
+    assert res.exit_code != 0 and needle in res.output, res.output
+    assert "Traceback" not in res.output

@@ -96,6 +96,10 @@ def test_program_compiles_keeps_batch_symbolic_and_matches_torch(programs, name,
         x = np.random.default_rng(b).standard_normal((b, *inp["shape"][1:])).astype("float32")
         got = lm.run({"x": x})["output"]
         np.testing.assert_allclose(got, _torch_outputs(path, x), rtol=1e-4, atol=1e-4)
+    # The memory plan holds the exported range (Dim max=64): past it, refused in one line.
+    assert manifest["dim_bounds"] == {batch: [1, 64]}
+    with pytest.raises(ShapeError, match="outside 1..64"):
+        lm.run({"x": np.zeros((65, *inp["shape"][1:]), "float32")})
 
 
 def test_shape_override_binds_the_batch_and_is_checked(programs):

@@ -145,7 +145,7 @@ def run_remote_bench(opts, arts: dict, model: str | None, header: dict, log=prin
                                     "upload_s": ra.upload_s, "load_s": ra.load_s})
         ra = loaded[path]
         first_art = first_art or ra.artifact
-        factory = InputFactory(ra.artifact.inputs, seed=opts.seed)
+        factory = InputFactory(ra.artifact.inputs, seed=opts.seed, fixed=opts.dims)
         args = ra.to_device(factory.feeds(b))
         first_s, outs = ra.first_call(args)
         if len(outs) != len(ra.artifact.outputs):

@@ -25,6 +25,14 @@ def _ratio(r: dict, key: str) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
+def _dim_line(name: str, d: dict) -> str:
+    if d["from"] == "--batch":
+        return f"{name} = the batch size"
+    why = {"--dim": "--dim", "bound": "the compiled lower bound",
+           "default": f"default; set with --dim {name}=N"}[d["from"]]
+    return escape(f"{name} = {d['value']} ({why})")
+
+
 def print_bench(doc: dict) -> None:
     """Print every section present in a bench result document."""
     console.print(f"[bold]tvmopt bench[/] {escape(' '.join(doc['artifacts'].values()))}  "
@@ -32,6 +40,8 @@ def print_bench(doc: dict) -> None:
                   f"{doc['host'].get('tvm_threads')}, baselines {doc['host']['threads']})")
     for name, st in doc.get("baselines", {}).items():
         console.print(f"  baseline {name}: {escape(st)}")
+    if doc.get("dims"):
+        console.print("  symbolic dims: " + "; ".join(_dim_line(k, v) for k, v in doc["dims"].items()))
 
     # two narrow tables rather than one that wraps in an 80-column terminal
     cols = [(c, "left" if c == "runner" else "right")

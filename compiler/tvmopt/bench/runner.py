@@ -41,11 +41,14 @@ class InputFactory:
     """Deterministic inputs per (batch, size) for a model signature.
 
     The batch dim is the symbolic leading dim of the first input; the size dim (a sequence
-    length, say) is the first other symbolic dim, if any. Static models have neither.
+    length, say) is the first other symbolic dim, if any. Static models have neither. Symbolic
+    dims other than the batch take their value from `fixed` (`bench --dim`), else 1; the load
+    test's request sizes override the size dim.
     """
 
     inputs: list[TensorInfo]
     seed: int = 0
+    fixed: dict[str, int] = field(default_factory=dict)
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -65,12 +68,28 @@ class InputFactory:
                     return d
         return None
 
+    @property
+    def symbolic_dims(self) -> list[str]:
+        """Every symbolic dim of the inputs, in order of first appearance."""
+        names: list[str] = []
+        for i in self.inputs:
+            names += [d for d in (i.shape or ()) if isinstance(d, str) and d not in names]
+        return names
+
+    def dim_values(self) -> dict[str, int | str]:
+        """Each symbolic dim and the value the closed loop runs it at ("--batch" for the
+        batch dim, which follows the sweep)."""
+        return {d: "--batch" if d == self.batch_dim else self.fixed.get(d, 1)
+                for d in self.symbolic_dims}
+
     def dims(self, batch: int, size: int | None = None) -> dict[str, int]:
         if self.static_batch is not None and batch != self.static_batch:
             raise ShapeError(f"input '{self.inputs[0].name}' has a static batch of "
                              f"{self.static_batch}; cannot run batch {batch}",
                              hint="bench the .onnx model to recompile per batch")
-        out = {self.batch_dim: batch} if isinstance(self.batch_dim, str) else {}
+        out = dict(self.fixed)
+        if isinstance(self.batch_dim, str):
+            out[self.batch_dim] = batch
         if self.size_dim and size is not None:
             out[self.size_dim] = size
         return out
@@ -96,7 +115,13 @@ class ArtifactRunner:
 
     def prepare(self, batch: int, size: int | None = None) -> None:
         if (batch, size) not in self._args:
-            self._args[(batch, size)] = self.lm.to_device(self.factory.feeds(batch, size))
+            from ..runtime.loader import check_inputs
+
+            feeds = self.factory.feeds(batch, size)
+            # The timed calls skip the checks; a dim past the bound the artifact's memory was
+            # planned for (`compile --dim NAME=LO..HI`) must be refused here.
+            check_inputs(self.lm.inputs, feeds, self.lm.dim_bounds)
+            self._args[(batch, size)] = self.lm.to_device(feeds)
 
     def device_args(self, batch: int, size: int | None = None) -> list:
         """The device inputs for (batch, size), created on first use."""
@@ -279,7 +304,8 @@ BASELINE_RUNNERS = {
 }
 
 
-def _serve_runner(conn, baseline: str, model_path: str, inputs, seed: int, threads: int):
+def _serve_runner(conn, baseline: str, model_path: str, inputs, seed: int, threads: int,
+                  fixed: dict | None = None):
     """A baseline's worker process: builds the runner, then prepares and runs on request,
     timing each call itself (the pipe's round trip is not part of the figure)."""
     import os
@@ -288,7 +314,8 @@ def _serve_runner(conn, baseline: str, model_path: str, inputs, seed: int, threa
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     try:
         cls, kwargs = BASELINE_RUNNERS[baseline]
-        runner = globals()[cls](model_path, InputFactory(inputs, seed=seed), threads, **kwargs)
+        runner = globals()[cls](model_path, InputFactory(inputs, seed=seed, fixed=fixed or {}),
+                                threads, **kwargs)
         conn.send(("ready", runner.name, getattr(runner, "precision", None)))
     except BaselineUnavailable as err:
         conn.send(("unavailable", str(err), None))
@@ -325,7 +352,8 @@ class ProcessRunner:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve_runner, daemon=True, args=(
-            child, baseline, str(model_path), factory.inputs, factory.seed, threads))
+            child, baseline, str(model_path), factory.inputs, factory.seed, threads,
+            factory.fixed))
         self._proc.start()
         kind, text, precision = self._conn.recv()
         if kind != "ready":

@@ -38,6 +38,9 @@ class BenchOptions:
         shapes: --shape overrides for compiling, {input: shape}; 'NAME=1x3x96x96' strings are
             parsed on construction, as `compile` parses them.
         batches: batch sizes of the closed-loop sweep.
+        dims: values of symbolic dims other than the batch (`--dim seq=128`); one not given
+            runs at the lower bound the artifact was compiled for, else 1, and the report says
+            which value each dim got.
         runs, warmup: timed and warm-up calls per runner and batch.
         max_seconds: time budget per batch size of the sweep (all runners together).
         baselines: subset of BASELINES.
@@ -58,6 +61,7 @@ class BenchOptions:
     output: str | None = None
     shapes: dict[str, tuple[int, ...]] | list[str] = field(default_factory=dict)
     batches: list[int] = field(default_factory=lambda: [1])
+    dims: dict[str, int] = field(default_factory=dict)
     runs: int = 50
     warmup: int = 5
     max_seconds: float = 10.0
@@ -84,6 +88,9 @@ class BenchOptions:
             self.shapes = parse_shapes(self.shapes)
         if not self.batches or any(b < 1 for b in self.batches):
             raise BenchOptionError("--batch: batch sizes must be positive integers")
+        bad = [f"{k}={v}" for k, v in self.dims.items() if not isinstance(v, int) or v < 1]
+        if bad:
+            raise BenchOptionError(f"--dim {bad[0]}: dim values must be positive integers")
         bad = [b for b in self.baselines if b not in BASELINES]
         if bad:
             raise BenchOptionError(f"--baselines: unknown {', '.join(bad)} "
@@ -218,6 +225,29 @@ def _ratios(rows: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------ main
+def _dim_values(given: dict[str, int], factory, bounds: dict) -> dict[str, int]:
+    """The values of the non-batch symbolic dims: --dim, else the compiled lower bound.
+
+    Raises:
+        BenchOptionError: a --dim that is no symbolic dim, is the batch dim, or is outside
+            the range the artifact was compiled for.
+    """
+    symbolic = factory.symbolic_dims
+    for name, value in given.items():
+        if name == factory.batch_dim:
+            raise BenchOptionError(f"--dim {name}: '{name}' is the batch dim; set it with --batch")
+        if name not in symbolic:
+            others = [d for d in symbolic if d != factory.batch_dim]
+            raise BenchOptionError(f"--dim {name}: not a symbolic dim of the artifact's inputs "
+                                   f"(its other symbolic dims: {', '.join(others) or 'none'})")
+        lo, hi = bounds.get(name, (value, value))
+        if not lo <= value <= hi:
+            raise BenchOptionError(f"--dim {name}={value}: outside {lo}..{hi}, the range the "
+                                   "artifact was compiled for")
+    defaults = {k: lo for k, (lo, _) in bounds.items() if k != factory.batch_dim}
+    return {**defaults, **given}
+
+
 def run_bench(opts: BenchOptions, log=print) -> dict:
     """Run every part of the benchmark `opts` asks for.
 
@@ -246,7 +276,8 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
     arts, model = resolve_artifacts(opts, log)
     loaded = {b: load(p) for b, p in arts.items()}
     first = next(iter(loaded.values()))
-    factory = InputFactory(first.inputs, seed=opts.seed)
+    fixed = _dim_values(opts.dims, InputFactory(first.inputs), first.dim_bounds)
+    factory = InputFactory(first.inputs, seed=opts.seed, fixed=fixed)
     if None not in loaded and factory.static_batch is None:
         raise ArtifactError("internal: per-batch artifacts without a static batch")
     clock = RealClock()
@@ -257,12 +288,18 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
            "artifacts": {("any" if b is None else str(b)): str(p) for b, p in arts.items()},
            "model": model, "target": first.artifact.manifest["target"]["name"],
            "device": first.artifact.manifest["target"]["device"],
-           "options": asdict(opts), "warnings": warnings}
+           "options": asdict(opts), "warnings": warnings,
+           # Which value each symbolic dim ran at, and where it came from: a dynamic-sequence
+           # model timed at seq 1 measures something else than at 128.
+           "dims": {d: {"value": v, "from": ("--batch" if v == "--batch" else
+                                             "--dim" if d in opts.dims else
+                                             "bound" if d in first.dim_bounds else "default")}
+                    for d, v in factory.dim_values().items()}}
 
     def tvm_runner(b):
         lm = loaded[None] if None in loaded else loaded[b]
-        return ArtifactRunner(lm, InputFactory(lm.inputs, seed=opts.seed) if None not in loaded
-                              else factory)
+        return ArtifactRunner(lm, InputFactory(lm.inputs, seed=opts.seed, fixed=fixed)
+                              if None not in loaded else factory)
 
     # baselines take inputs from the model's own signature: a model compiled per static batch
     # (--shape) may still be symbolic in batch for onnxruntime and torch
@@ -270,7 +307,7 @@ def run_bench(opts: BenchOptions, log=print) -> dict:
     if model is not None and opts.baselines:
         from ..frontend.model_file import model_inputs
 
-        base_factory = InputFactory(model_inputs(model), seed=opts.seed)
+        base_factory = InputFactory(model_inputs(model), seed=opts.seed, fixed=fixed)
     if doc["device"] == "cpu" and doc["host"]["tvm_threads"] != opts.threads:
         warnings.append(f"TVM's thread pool runs {doc['host']['tvm_threads']} threads, the "
                         f"baselines {opts.threads} (TVM_NUM_THREADS is "

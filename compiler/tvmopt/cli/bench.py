@@ -32,6 +32,9 @@ def _name_list(ctx, param, value) -> list[str]:
 @options.shapes("Shape overrides when compiling (repeatable).")
 @click.option("--batch", "batches", default="1", show_default=True, callback=_int_list,
               help="Closed-loop batch sweep, e.g. 1,8,32.")
+@options.dims("Value of a symbolic dim other than the batch, e.g. seq=128 (repeatable; "
+              "default: the lower bound the artifact was compiled for, else 1). The report "
+              "names the value each dim ran at.")
 @click.option("--runs", type=int, default=50, show_default=True, help="Timed calls per runner and batch.")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Warm-up calls (reported apart).")
 @click.option("--max-seconds", type=float, default=10.0, show_default=True,
@@ -73,7 +76,7 @@ def _name_list(ctx, param, value) -> list[str]:
 @click.option("--rpc-key", metavar="KEY", help="Device key the RPC servers registered with.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 @options.wide()
-def bench(path, model, target, output, shapes, batches, runs, warmup, max_seconds, baselines,
+def bench(path, model, target, output, shapes, batches, dims, runs, warmup, max_seconds, baselines,
           threads, load, rate, duration, burst, sizes, max_batch, max_wait_ms, timeout_ms,
           max_queue, soak, profile_top, no_coldstart, seed, json_path, csv_path, plot_path, rpc_tracker,
           rpc_key, quiet):
@@ -88,7 +91,8 @@ def bench(path, model, target, output, shapes, batches, runs, warmup, max_second
     from ..bench.suite import BenchOptions, run_bench
 
     opts = BenchOptions(path=path or options.default_model(), model=model, target=target, output=output,
-                        shapes=list(shapes), batches=batches, runs=runs, warmup=warmup,
+                        shapes=list(shapes), batches=batches, dims=options.parse_dims(dims),
+                        runs=runs, warmup=warmup,
                         max_seconds=max_seconds, baselines=baselines, threads=threads, load=load,
                         rate=rate, duration=duration, burst=burst, sizes=sizes,
                         max_batch=max_batch, max_wait_ms=max_wait_ms, timeout_ms=timeout_ms,

@@ -17,7 +17,7 @@ from . import options
 @click.option("--verify", is_flag=True, help="Compare with onnxruntime (a .pt2: the program in torch) on random inputs.")
 @click.option("--atol", type=float, default=1e-4, show_default=True)
 @click.option("--rtol", type=float, default=1e-3, show_default=True)
-@options.dims("Value of a symbolic dim for --verify (default 1).")
+@options.dim_ranges()
 @options.precision("auto: the plan picks per target ('tvmopt plan' shows why); on CPUs with "
                    "AMX or AVX512-BF16, bf16 library convolutions/matmuls where each times "
                    "faster, behind the accuracy gate (--max-error). fp32: exact.")
@@ -48,9 +48,11 @@ def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, 
     from ..report import print_compile_result
     from ..runtime.verify import Tolerance
 
+    verify_dims, dim_bounds = options.parse_dim_ranges(dims)
     opts = CompileOptions(model=model or options.default_model(), target=target, output=output,
                           shapes=list(shapes), verify=verify, tolerance=Tolerance(atol, rtol),
-                          verify_dims=options.parse_dims(dims), precision=precision,
+                          verify_dims=verify_dims, dim_bounds=dim_bounds,
+                          precision=precision,
                           max_error=max_error, calibration=calibration, retime=retime, db=db,
                           require_db=require_db, dispatch=dispatch,
                           allow_newer_opset=allow_newer_opset)

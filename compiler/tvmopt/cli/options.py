@@ -74,15 +74,44 @@ def wide():
                              "terminal, or COLUMNS).")
 
 
+def dim_ranges(help: str = "Value of a symbolic dim for --verify (NAME=N, default 1), or "
+                           "its range (NAME=LO..HI): memory is then planned once for HI, and "
+                           "the artifact refuses inputs outside the range."):
+    return click.option("--dim", "dims", multiple=True, metavar="NAME=N|NAME=LO..HI", help=help)
+
+
 def parse_dims(items) -> dict[str, int]:
     """--dim NAME=N values -> {name: n}."""
     out = {}
     for item in items:
-        if "=" not in item:
-            raise click.BadParameter(f"'{item}': expected NAME=VALUE", param_hint="--dim")
-        k, v = item.split("=", 1)
-        try:
-            out[k] = int(v)
-        except ValueError:
-            raise click.BadParameter(f"'{item}': VALUE must be an integer", param_hint="--dim") from None
+        k, v = _split_dim(item)
+        out[k] = _dim_int(item, v)
     return out
+
+
+def parse_dim_ranges(items) -> tuple[dict[str, int], dict[str, tuple[int, int]]]:
+    """--dim NAME=N and NAME=LO..HI values -> ({name: n}, {name: (lo, hi)})."""
+    values, ranges = {}, {}
+    for item in items:
+        k, v = _split_dim(item)
+        if ".." not in v:
+            values[k] = _dim_int(item, v)
+            continue
+        lo, hi = (_dim_int(item, part) for part in v.split("..", 1))
+        if not 1 <= lo <= hi:
+            raise click.BadParameter(f"'{item}': expected 1 <= LO <= HI", param_hint="--dim")
+        ranges[k] = (lo, hi)
+    return values, ranges
+
+
+def _split_dim(item: str) -> tuple[str, str]:
+    if "=" not in item:
+        raise click.BadParameter(f"'{item}': expected NAME=VALUE", param_hint="--dim")
+    return tuple(item.split("=", 1))
+
+
+def _dim_int(item: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise click.BadParameter(f"'{item}': values must be integers", param_hint="--dim") from None

@@ -26,7 +26,9 @@ def run(artifact, inputs_path, outputs_path, dims, require_finite):
     from ..runtime.loader import check_inputs, load, nonfinite, random_inputs
 
     lm = load(artifact)
-    feeds = _load_npz(inputs_path) if inputs_path else random_inputs(lm.inputs, options.parse_dims(dims))
+    # Random inputs take a ranged dim's lower bound unless told (1 may be outside its range).
+    dim_values = {**{k: lo for k, (lo, _) in lm.dim_bounds.items()}, **options.parse_dims(dims)}
+    feeds = _load_npz(inputs_path) if inputs_path else random_inputs(lm.inputs, dim_values)
     if inputs_path and not feeds:
         raise ShapeError(f"{inputs_path}: holds no arrays (expected: "
                          f"{', '.join(i.name for i in lm.inputs)})")
@@ -34,7 +36,7 @@ def run(artifact, inputs_path, outputs_path, dims, require_finite):
 
     dtypes = {i.name: i.dtype for i in lm.inputs}
     feeds = {k: from_npz(v, dtypes.get(k, "")) for k, v in feeds.items()}
-    check_inputs(lm.inputs, feeds)
+    check_inputs(lm.inputs, feeds, lm.dim_bounds)
     bad_in = nonfinite(feeds, "input")
     if bad_in and require_finite:
         raise ShapeError(f"non-finite input values ({'; '.join(bad_in)}); --require-finite "

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import stage
-from ..errors import BuildError, TvmoptError, error_line
+from ..errors import BuildError, ShapeError, TvmoptError, error_line
 from ..frontend.onnx_model import parse_shapes
 from ..pipeline import DEFAULT_DISPATCH
 from ..precision.policy import parse as parse_precision
@@ -29,7 +29,10 @@ class CompileOptions:
         shapes: --shape overrides, 'NAME=1x3x224x224' strings or parsed dict.
         verify: compare with the reference after building (onnxruntime; torch for a .pt2).
         tolerance: verification tolerance.
-        verify_dims: values for symbolic dims during verification.
+        verify_dims: values for symbolic dims during verification (a ranged dim without
+            one: its upper bound, the size the memory plan must hold).
+        dim_bounds: symbolic dim name -> (lo, hi), the values the artifact accepts; memory is
+            planned once for hi, and the loader refuses an input outside the range.
         save_temps: folder to dump the IR after each phase (TVMOPT_SAVE_TEMPS).
         db: MetaSchedule database folder (from `tvmopt tune`) to replay after fusion.
         require_db: fail if the database misses any task instead of falling back to dlight.
@@ -46,6 +49,7 @@ class CompileOptions:
     verify: bool = False
     tolerance: Tolerance = field(default_factory=Tolerance)
     verify_dims: dict[str, int] = field(default_factory=dict)
+    dim_bounds: dict[str, tuple[int, int]] = field(default_factory=dict)
     save_temps: str | None = None
     # "auto" or a precision from tvmopt.precision.policy.CHOICES. max_error: the accuracy
     # gate's limit (interface.gate: max |out - ref| / max |ref|); None: its default for bf16
@@ -71,6 +75,13 @@ class CompileOptions:
         if isinstance(self.shapes, (list, tuple)):
             self.shapes = parse_shapes(self.shapes)
         parse_precision(self.precision)
+        for name, (lo, hi) in self.dim_bounds.items():
+            if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+                raise ShapeError(f"dim '{name}': range {lo}..{hi} is not 1 <= LO <= HI")
+            value = self.verify_dims.setdefault(name, hi)
+            if not lo <= value <= hi:
+                raise ShapeError(f"dim '{name}': --verify value {value} is outside its range "
+                                 f"{lo}..{hi}")
         if self.output is None:
             self.output = str(Path(self.model).with_suffix(".tvmopt"))
         if self.save_temps is None:
@@ -138,6 +149,7 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
     model = model_file.load(opts.model)
     imported = model_file.import_loaded(model, opts.shapes, opts.allow_newer_opset)
     timings["import_s"] = time.perf_counter() - t0
+    _check_dim_names(opts.dim_bounds, imported.inputs)
     from ..frontend.onnx_model import nonfinite_weights
 
     import onnx
@@ -160,7 +172,8 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
                                        channels_last=not opts.db,
                                        library_compute=("fp32",) if fp32 else compute,
                                        fp32_only=frozenset(fp32_only), retime=opts.retime,
-                                       hw=hw)
+                                       hw=hw, dim_upper_bounds={k: hi for k, (_, hi)
+                                                                in opts.dim_bounds.items()})
 
     cfg = config()
     loaded = None
@@ -235,6 +248,8 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
             "inputs": [i.to_json() for i in imported.inputs],
             "outputs": [o.to_json() for o in imported.outputs],
             "shape_overrides": {k: list(v) for k, v in opts.shapes.items()},
+            "dim_bounds": {k: list(v) for k, v in {**_program_bounds(imported.mod),
+                                                    **opts.dim_bounds}.items()},
             "passes": pipeline.pass_names(hw.device, target, cfg),
             "precision": precision_manifest(plan),
             "tuning": {"database": None},
@@ -282,6 +297,31 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
             tol = Tolerance(atol=gate.limit, rtol=0.0, relative_to_max=True)
         result.verification = verify_artifact(art.path, opts.model, tol, opts.verify_dims)
     return result
+
+
+def _check_dim_names(bounds: dict, inputs) -> None:
+    """Each ranged dim must be a symbolic dim of the model's inputs."""
+    symbolic = sorted({d for i in inputs for d in (i.shape or ()) if isinstance(d, str)})
+    unknown = [k for k in bounds if k not in symbolic]
+    if unknown:
+        raise ShapeError(f"--dim {unknown[0]}: not a symbolic dim of the model's inputs "
+                         f"(symbolic dims: {', '.join(symbolic) or 'none'})")
+
+
+def _program_bounds(mod) -> dict[str, tuple[int, int]]:
+    """The ranges the imported program itself gives its dims (a torch.export Dim's min/max).
+
+    The memory plan holds only up to those upper bounds too, so the loader must refuse past
+    them as it does past `--dim NAME=LO..HI`.
+    """
+    from tvm import relax
+
+    main = next((f for gv, f in mod.functions_items()
+                 if gv.name_hint == "main" and isinstance(f, relax.Function)), None)
+    attrs = dict(main.attrs) if main is not None and main.attrs is not None else {}
+    upper = {str(k): int(v) for k, v in dict(attrs.get("tir_var_upper_bound") or {}).items()}
+    lower = {str(k): int(v) for k, v in dict(attrs.get("tir_var_lower_bound") or {}).items()}
+    return {k: (lower.get(k, 0), hi) for k, hi in upper.items()}
 
 
 def _accuracy_gate(opts, imported, cfg, plan, replay, ex, config, build_all, manifest_of, cc,

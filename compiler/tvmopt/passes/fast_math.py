@@ -1,19 +1,26 @@
-"""Vectorizable forms of exp, erf, tanh, softmax and sigmoid (TVM's FastMathTransform + sigmoid).
+"""Vectorizable forms of exp, erf, tanh, softmax and sigmoid, chosen at legalization.
 
 Legalized, these ops call scalar libm (expf, erff) per element, which LLVM cannot vectorize:
 8192 floats on one core took erf 192 us vs fast_erf 2.5 us, exp 17 us vs fast_exp 2.6 us.
 TOPI's fast_* are vectorizable polynomials for float32 (other dtypes keep the exact op), the
-kind onnxruntime's MLAS uses too. TVM's pass leaves sigmoid out, and SiLU/swish (x * sigmoid(x):
-EfficientNet, YOLO, LLaMA's MLP) then runs one expf call per element: here it is
-1 / (1 + fast_exp(-x)).
+kind onnxruntime's MLAS uses too. TVM's FastMathTransform leaves sigmoid out, and SiLU/swish
+(x * sigmoid(x): EfficientNet, YOLO, LLaMA's MLP) then runs one expf call per element: here it
+is 1 / (1 + fast_exp(-x)).
+
+Why a legalization and not TVM's FastMathTransform (a Relax pass of call_te calls): on symbolic
+shapes LegalizeOps re-derives every tensor's shape through TOPI, which writes a broadcast of two
+dims it cannot prove equal as `max(a, b)` (an exported BERT's `seq` becomes
+`max(max(seq, max(seq, 0)), seq)` after `arange` and a broadcast add). A fast kernel built
+earlier from the Relax type `(batch, seq)` then reads the buffer its producer writes as
+`(batch, max(...))`, and FuseTIR refuses the pair ("Inconsistent buffers ... mapped to the same
+relax var"). Building the fast kernels inside the same LegalizeOps builds them from the same
+shapes as their neighbours, static or symbolic.
 """
 
 from __future__ import annotations
 
 import tvm
 from tvm import relax, topi
-from tvm.relax.expr_functor import mutator
-from tvm.relax.transform.fast_math import FastMathCodeGenerator
 
 
 def fast_sigmoid(x):
@@ -22,20 +29,33 @@ def fast_sigmoid(x):
     return topi.divide(one, topi.add(one, topi.fast_exp(topi.negative(x))))
 
 
-@mutator
-class _FastMath(FastMathCodeGenerator._cls):
-    def visit_call_(self, call):
-        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.sigmoid" and \
-                str(call.args[0].ty.dtype) == "float32":
-            return self.builder_.call_te(fast_sigmoid, self.visit_expr(call.args[0]))
-        return super().visit_call_(call)
+def _fast(op_name: str, te_func, *attr_names: str):
+    """A legalization of `op_name` to `te_func` for float32, the op's own for other dtypes."""
+    default = tvm.ir.Op.get(op_name).get_attr("FLegalize")
+
+    def legalize(bb, call):
+        x = call.args[0]
+        if str(x.ty.dtype) != "float32":
+            return default(bb, call)
+        attrs = [getattr(call.attrs, a) for a in attr_names]
+        return bb.call_te(te_func, x, *attrs)
+
+    return legalize
+
+
+def fast_legalize_map() -> dict:
+    """Op name -> legalization to its fast form, for `LegalizeOps(customize_legalize_map=)`."""
+    return {"relax.exp": _fast("relax.exp", topi.fast_exp),
+            "relax.erf": _fast("relax.erf", topi.fast_erf),
+            "relax.tanh": _fast("relax.tanh", topi.fast_tanh),
+            "relax.sigmoid": _fast("relax.sigmoid", fast_sigmoid),
+            "relax.nn.softmax": _fast("relax.nn.softmax", topi.nn.fast_softmax, "axis")}
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvmopt.FastMath")
 def FastMath(mod, _ctx):  # noqa: N802 - named like the TVM passes beside it
-    """FastMathTransform over every Relax function, sigmoid included."""
-    gen = _FastMath(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            gen.builder_.update_func(gv, gen.visit_expr(func))
-    return gen.builder_.get()
+    """Legalize every op of the module, the fast-math ones to their fast forms.
+
+    The fusion phase's own LegalizeOps then finds nothing left to legalize.
+    """
+    return relax.transform.LegalizeOps(customize_legalize_map=fast_legalize_map())(mod)

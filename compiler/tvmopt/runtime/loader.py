@@ -14,8 +14,13 @@ from ..targets.registry import check_host_can_run
 from ..tensor_info import TensorInfo
 
 
-def check_inputs(expected: list[TensorInfo], given: dict[str, np.ndarray]) -> dict[str, int]:
+def check_inputs(expected: list[TensorInfo], given: dict[str, np.ndarray],
+                 bounds: dict[str, tuple[int, int]] | None = None) -> dict[str, int]:
     """Check names, dtypes, ranks and dims of `given` against the signature.
+
+    Args:
+        bounds: symbolic dim name -> (lo, hi) the artifact was compiled for (its memory is
+            planned for hi: a larger value would overrun it).
 
     Returns:
         The value bound to each symbolic dimension name.
@@ -48,6 +53,11 @@ def check_inputs(expected: list[TensorInfo], given: dict[str, np.ndarray]) -> di
                 if bound.setdefault(want, got) != got:
                     raise ShapeError(f"input '{e.name}': dimension {i} ('{want}') is {got}, but "
                                      f"'{want}' is {bound[want]} in another input")
+                lo, hi = (bounds or {}).get(want, (got, got))
+                if not lo <= got <= hi:
+                    raise ShapeError(f"input '{e.name}': dimension {i} ('{want}') is {got}, "
+                                     f"outside {lo}..{hi}, the range it was compiled for "
+                                     f"(compile again with --dim {want}=LO..HI)")
     return bound
 
 
@@ -93,6 +103,11 @@ class LoadedModel:
     def outputs(self) -> list[TensorInfo]:
         return self.artifact.outputs
 
+    @property
+    def dim_bounds(self) -> dict[str, tuple[int, int]]:
+        """Symbolic dim name -> (lo, hi) it was compiled for (`compile --dim NAME=LO..HI`)."""
+        return {k: tuple(v) for k, v in (self.artifact.manifest.get("dim_bounds") or {}).items()}
+
     def to_device(self, feeds: dict[str, np.ndarray]) -> list:
         import tvm
 
@@ -107,7 +122,7 @@ class LoadedModel:
     def run(self, feeds: dict[str, np.ndarray], check: bool = True) -> dict[str, np.ndarray]:
         """Run once on numpy inputs; returns outputs by name."""
         if check:
-            check_inputs(self.inputs, feeds)
+            check_inputs(self.inputs, feeds, self.dim_bounds)
         try:
             result = self.run_device(self.to_device(feeds))
         except Exception as err:  # the VM's own checks (a run-time shape or value it refuses)
