@@ -97,5 +97,5 @@ def load_in_memory(imported, target=None, cfg=None):
     from .loader import LoadedModel
 
     executable = build_in_memory(imported.mod, target, cfg)
-    art = SimpleNamespace(inputs=imported.inputs, outputs=imported.outputs)
+    art = SimpleNamespace(inputs=imported.inputs, outputs=imported.outputs, manifest={})
     return LoadedModel(art, relax.VirtualMachine(executable, tvm.cpu()), tvm.cpu())
