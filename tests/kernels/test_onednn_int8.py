@@ -243,7 +243,7 @@ def qdq_resnet(tmp_path):
     return onnx.load(str(q)), {"x": rng.standard_normal(shape).astype(np.float32)}
 
 
-def test_qdq_resnet_stays_channels_last_between_int8_convolutions(tmp_path):
+def test_qdq_resnet_stays_channels_last_and_joins_residuals_in_the_int8_call(tmp_path):
     import tvm
     from tvm import relax
 
@@ -254,6 +254,8 @@ def test_qdq_resnet_stays_channels_last_between_int8_convolutions(tmp_path):
     # The input's transpose is folded into the first int8 call; the output's is the graph's
     # own layout boundary. Before the QDQ pairs went through ConvertLayout there were 6.
     assert text.count("R.permute_dims") == 1
+    # Both residual joins are sum post-ops of the second conv of their block.
+    assert "R.add(" not in text
     out_q = next(n for n in reversed(model.graph.node) if n.op_type == "QuantizeLinear")
     scale = float(next(numpy_helper.to_array(i) for i in model.graph.initializer
                        if i.name == out_q.input[1]))
