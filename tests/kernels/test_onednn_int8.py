@@ -201,3 +201,65 @@ def test_int8_groups_given_back_to_codegen_leave_the_qdq_graph_as_it_was():
     # No weight dequantized at run time, and one quantize per pair (the private copies merged).
     assert 'dtype="int8"' not in after
     assert after.count("R.quantize(") == before.count("R.quantize(")
+
+
+def qdq_resnet(tmp_path):
+    """A small ResNet-like CNN (stem, two residual blocks, a strided conv) through onnxruntime's
+    own `quantize_static` (QDQ, per-channel int8 weights, u8 activations)."""
+    torch = pytest.importorskip("torch")
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.c1 = torch.nn.Conv2d(c, c, 3, padding=1)
+            self.c2 = torch.nn.Conv2d(c, c, 3, padding=1)
+
+        def forward(self, x):
+            return torch.relu(self.c2(torch.relu(self.c1(x))) + x)
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), Block(16),
+                              Block(16), torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)).eval()
+    shape = (1, 3, 16, 16)
+    f32, q = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    torch.onnx.export(net, (torch.randn(*shape),), str(f32), input_names=["x"],
+                      output_names=["y"], opset_version=17, dynamo=False)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"x": np.random.default_rng(i).standard_normal(shape).astype(
+                np.float32)} for i in range(4)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(str(f32), str(q), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    import onnx
+
+    return onnx.load(str(q)), {"x": rng.standard_normal(shape).astype(np.float32)}
+
+
+def test_qdq_resnet_stays_channels_last_and_joins_residuals_in_the_int8_call(tmp_path):
+    import tvm
+    from tvm import relax
+
+    model, inputs = qdq_resnet(tmp_path)
+    mod, ex, _ = compile_library(model)
+    text = mod["main"].script(show_meta=False)
+    assert text.count(f'R.call_dps_packed("{od.QCONV_FUNC}"') == 6
+    # The input's transpose is folded into the first int8 call; the output's is the graph's
+    # own layout boundary. Before the QDQ pairs went through ConvertLayout there were 6.
+    assert text.count("R.permute_dims") == 1
+    # Both residual joins are sum post-ops of the second conv of their block.
+    assert "R.add(" not in text
+    out_q = next(n for n in reversed(model.graph.node) if n.op_type == "QuantizeLinear")
+    scale = float(next(numpy_helper.to_array(i) for i in model.graph.initializer
+                       if i.name == out_q.input[1]))
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(inputs["x"])).numpy()
+    assert np.abs(got - ref).max() / scale <= 2.01

@@ -102,8 +102,9 @@ def channels_last(kernel_layout: str = "HWIO") -> list:
     data-dependent shape: "exactly one of the layouts is unknown"); those keep their layout.
     """
     convert = tvm.ir.transform.Sequential([
-        LiftClip, relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", kernel_layout]}),
-        relax.transform.Normalize(), relax.transform.FoldConstant()])
+        LiftClip, SpellQDQ,
+        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", kernel_layout]}),
+        relax.transform.Normalize(), relax.transform.FoldConstant(), FoldQDQ])
 
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.ChannelsLast")
     def channels_last_pass(mod, _ctx):
@@ -129,3 +130,139 @@ def _has_conv2d(mod) -> bool:
         if isinstance(f, relax.Function):
             relax.analysis.post_order_visit(f, visit)
     return bool(found)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-tensor quantize/dequantize through ConvertLayout
+# --------------------------------------------------------------------------------------------
+#
+# relax.quantize / relax.dequantize have no FRelaxInferLayout rule, and TVM 0.27 offers no way
+# to write one from Python (InferLayoutOutput and LayoutDecision have no Python constructors),
+# so ConvertLayout puts every QDQ pair of a quantized CNN back in NCHW: two transposes per layer
+# around the int8 kernels. A per-tensor pair (scalar scale and zero point) is elementwise, so
+# before ConvertLayout it is spelled with ops that have layout rules, and after it the same
+# spelling is folded back into quantize/dequantize, now in the converted layout. Per-channel
+# pairs (weights) are left alone: their axis would need remapping, and they are constants
+# folded before this phase anyway.
+
+
+def _scalar_param(e, dtypes) -> np.ndarray | None:
+    arr = _const_array(e)
+    if arr is None or arr.size != 1 or arr.dtype.name not in dtypes:
+        return None
+    return arr.reshape(())
+
+
+def _dtype(e) -> str | None:
+    ty = e.ty
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+
+
+_QTYPES = ("int8", "uint8")
+
+
+@relax.expr_functor.mutator
+class _SpellQDQ(relax.PyExprMutator):
+    """Per-tensor quantize -> astype(min(max(round(x / s) + zp, lo), hi)) and dequantize ->
+    (astype(q, f32) - zp) * s: relax's own legalization of both, op for op."""
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not isinstance(call.op, tvm.ir.Op) or call.op.name not in ("relax.quantize",
+                                                                       "relax.dequantize"):
+            return call
+        x, s, zp = call.args[:3]
+        s, zp = _scalar_param(s, ("float32",)), _scalar_param(zp, _QTYPES + ("int32",))
+        if s is None or zp is None:
+            return call
+        f32 = lambda v: relax.const(np.float32(v), "float32")  # noqa: E731
+        out = str(call.attrs.out_dtype)
+        if call.op.name == "relax.quantize":
+            if _dtype(x) != "float32" or out not in _QTYPES:
+                return call
+            info = np.iinfo(out)
+            y = relax.op.add(relax.op.round(relax.op.divide(x, f32(s))), f32(zp))
+            y = relax.op.minimum(relax.op.maximum(y, f32(info.min)), f32(info.max))
+            return relax.op.astype(y, out)
+        if _dtype(x) not in _QTYPES or out != "float32":
+            return call
+        return relax.op.multiply(relax.op.subtract(relax.op.astype(x, "float32"), f32(zp)),
+                                 f32(s))
+
+
+def _call(e, name):
+    return isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == name
+
+
+@relax.expr_functor.mutator
+class _FoldQDQ(relax.PyExprMutator):
+    """The spelling `_SpellQDQ` writes, back into relax.quantize / relax.dequantize."""
+
+    def _value(self, e):
+        if isinstance(e, relax.Var):
+            try:
+                return self.lookup_binding(e)
+            except Exception:  # noqa: BLE001 - a parameter
+                return None
+        return e
+
+    def _f32(self, e):
+        arr = _scalar_param(e, ("float32",))
+        return None if arr is None else float(arr)
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        folded = None
+        if _call(call, "relax.astype"):
+            folded = self._quantize(call)
+        elif _call(call, "relax.multiply"):
+            folded = self._dequantize(call)
+        return call if folded is None else folded
+
+    def _quantize(self, cast):
+        out = str(cast.attrs.dtype)
+        if out not in _QTYPES:
+            return None
+        mn = self._value(cast.args[0])
+        mx = self._value(mn.args[0]) if _call(mn, "relax.minimum") else None
+        add = self._value(mx.args[0]) if _call(mx, "relax.maximum") else None
+        rnd = self._value(add.args[0]) if _call(add, "relax.add") else None
+        div = self._value(rnd.args[0]) if _call(rnd, "relax.round") else None
+        if not _call(div, "relax.divide"):
+            return None
+        info = np.iinfo(out)
+        s, zp = self._f32(div.args[1]), self._f32(add.args[1])
+        if (s is None or zp is None or self._f32(mx.args[1]) != info.min
+                or self._f32(mn.args[1]) != info.max or _dtype(div.args[0]) != "float32"):
+            return None
+        return relax.op.quantize(div.args[0], relax.const(np.float32(s), "float32"),
+                                 relax.const(np.array(zp).astype(out), out), axis=-1,
+                                 out_dtype=out)
+
+    def _dequantize(self, mul):
+        sub = self._value(mul.args[0])
+        cast = self._value(sub.args[0]) if _call(sub, "relax.subtract") else None
+        if not (_call(cast, "relax.astype") and str(cast.attrs.dtype) == "float32"):
+            return None
+        q = cast.args[0]
+        s, zp = self._f32(mul.args[1]), self._f32(sub.args[1]) if sub is not None else None
+        if s is None or zp is None or _dtype(q) not in _QTYPES:
+            return None
+        return relax.op.dequantize(q, relax.const(np.float32(s), "float32"),
+                                   relax.const(np.array(zp).astype(_dtype(q)), _dtype(q)),
+                                   axis=-1, out_dtype="float32")
+
+
+def _function_pass(mutator_cls, name):
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def run(mod, _ctx):
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                mod[gv] = mutator_cls(mod).visit_expr(func)
+        return relax.transform.DeadCodeElimination()(mod)
+
+    return run
+
+
+SpellQDQ = _function_pass(_SpellQDQ, "tvmopt.SpellQDQ")
+FoldQDQ = _function_pass(_FoldQDQ, "tvmopt.FoldQDQ")

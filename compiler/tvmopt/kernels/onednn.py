@@ -426,7 +426,16 @@ def _int8_weight():
 
 
 def _qconv_patterns():
-    """conv2d of a QDQ input and an int8 weight [+bias] [+relu|clip], largest first."""
+    """conv2d of a QDQ input and an int8 weight [+bias] [+relu|clip] [QDQ of the output
+    + residual [+relu]], largest first. The residual join of a QDQ ResNet block is
+    dequantize(quantize(conv)) + residual: post-ops of the int8 call instead of TVM kernels."""
+    pats = []
+    for res in (2, 1, 0):  # 2: residual then relu, 1: residual, 0: none
+        pats += [p for p in _qconv_chain_patterns(res)]
+    return pats
+
+
+def _qconv_chain_patterns(res: int):
     pats = []
     for act in ("relu", "clip", None):
         for bias in (True, False):
@@ -442,6 +451,16 @@ def _qconv_patterns():
                 if act:
                     out = _act_patterns(out)[act]
                     ann["act"], name = out, name + "_" + act
+                if res:
+                    oq = is_op("relax.quantize")(out, is_const(), is_const())
+                    od = is_op("relax.dequantize")(oq, is_const(), is_const())
+                    r = wildcard()
+                    out = is_op("relax.add")(od, r) | is_op("relax.add")(r, od)
+                    ann.update(out_quantize=oq, out_dequantize=od, res=out)
+                    name += "_res"
+                    if res == 2:
+                        out = is_op("relax.nn.relu")(out)
+                        ann["post"], name = out, name + "_relu"
                 pats.append((_PREFIX + name, out, ann))
     return pats
 
@@ -637,6 +656,15 @@ def _check_qconv(ctx) -> bool:
     if "act" in ann and ann["act"].op.name in ("relax.clip", "relax.minimum"):
         if _clip_bounds(ann["act"], ctx) is None:
             return False
+    if "res" in ann:
+        oq, odq = ann["out_quantize"], ann["out_dequantize"]
+        if not _qdq_pair_ok({"quantize": oq, "dequantize": odq}):
+            return False
+        other = _other_operand(ann["res"], odq, ctx)
+        # A residual made inside the match, or one that broadcasts, is not a sum post-op.
+        if other is None or _static_f32_shape(other) != out_s or \
+                any(other.same_as(v) for v in ctx.matched_bindings.keys()):
+            return False
     return True
 
 
@@ -776,9 +804,10 @@ class _Lower(relax.PyExprMutator):
         data = self._resolve(env, quant.args[0])
         weight = relax.const(const(wdq.args[0]), "int8")
         wscale = relax.const(const(wdq.args[1]).reshape(-1).astype(np.float32), "float32")
-        bias = None
+        bias = residual = None
         act, lo, hi = ACT_NONE, -np.inf, np.inf
-        seen = False
+        out_q, post_relu = [0, 0, 0], 0  # signed, scale bits, zero point of the output QDQ
+        seen, prev = False, anchor_var
         for var, val in ops:
             if var.same_as(anchor_var):
                 seen = True
@@ -786,7 +815,18 @@ class _Lower(relax.PyExprMutator):
             if not seen:
                 continue
             name = val.op.name
-            if name == "relax.add":
+            last, prev = prev, var
+            if name == "relax.quantize":
+                out_q = [int(str(val.attrs.out_dtype) == "int8"),
+                         _f32_bits(float(const(val.args[1]).reshape(()))),
+                         int(const(val.args[2]).reshape(()))]
+            elif name == "relax.dequantize":
+                continue
+            elif name == "relax.add" and residual is None and out_q[1]:
+                residual = self._resolve(env, _other_operand(val, last))
+            elif name == "relax.nn.relu" and residual is not None:
+                post_relu = 1
+            elif name == "relax.add":
                 other = [a for a in val.args if _const_array(self._resolve(env, a)) is not None]
                 bias = relax.const(const(other[0]).reshape(-1).astype(np.float32), "float32")
             elif name == "relax.clip":
@@ -800,6 +840,8 @@ class _Lower(relax.PyExprMutator):
                        "relax.nn.gelu_tanh": ACT_GELU_TANH}[name]
         args = [data, weight, wscale] + ([bias] if bias is not None else [])
         quant_attrs = [signed, _f32_bits(scale), zp]
+        if anchor.op.name != "relax.matmul" and residual is not None:
+            args.append(residual)
         if anchor.op.name == "relax.matmul":
             attrs = [0, int(bias is not None), act, *quant_attrs]
             return relax.call_dps_packed(QMATMUL_FUNC, [*args, relax.ShapeExpr(attrs)], call.ty)
@@ -809,6 +851,8 @@ class _Lower(relax.PyExprMutator):
                  int(a.dilation[1]), int(a.groups), int(bias is not None), act, _f32_bits(lo),
                  _f32_bits(hi), int(a.data_layout == "NHWC") + int(a.kernel_layout == "HWIO"),
                  src_nchw, *quant_attrs]
+        if residual is not None:
+            attrs += [1, *out_q, post_relu]
         return relax.call_dps_packed(QCONV_FUNC, [*args, relax.ShapeExpr(attrs)], call.ty)
 
     def _matmul(self, env, ops, call, compute):

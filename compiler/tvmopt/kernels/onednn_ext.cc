@@ -4,7 +4,7 @@
 // Calling convention (shared with kernels/onednn.py, keep in sync):
 //   tvmopt.onednn.conv2d(data, weight, [bias], [residual], attrs, out)
 //   tvmopt.onednn.matmul(a, b, [bias], attrs, out)
-//   tvmopt.onednn.qconv2d(data, weight_s8, weight_scales, [bias], attrs, out)
+//   tvmopt.onednn.qconv2d(data, weight_s8, weight_scales, [bias], [residual], attrs, out)
 //   tvmopt.onednn.qmatmul(a, b_s8, b_scales, [bias], attrs, out)
 // R.call_dps_packed appends the output after all listed arguments, so attrs comes before out.
 // Optional inputs are present or absent according to flags in `attrs`, an int64 ffi Shape
@@ -79,7 +79,11 @@ enum Compute : int64_t { kComputeF32 = 0, kComputeBF16 = 1 };
 enum QConvAttr {
   kQStrideH, kQStrideW, kQPadT, kQPadL, kQPadB, kQPadR, kQDilH, kQDilW, kQGroups,
   kQHasBias, kQAct, kQClipLo, kQClipHi, kQWeightLayout, kQSrcNCHW, kQSrcSigned, kQSrcScale,
-  kQSrcZp, kQConvNumAttrs
+  kQSrcZp, kQConvBaseAttrs,
+  // Optional tail (artifacts from before it have kQConvBaseAttrs entries): the QDQ pair on the
+  // output, then `+ residual [-> relu]`, as post-ops, so a residual block's join is no separate
+  // kernel: out = [relu](dequantize(quantize(conv_out, out_scale, out_zp)) + residual).
+  kQHasRes = kQConvBaseAttrs, kQOutSigned, kQOutScale, kQOutZp, kQPostRelu, kQConvNumAttrs
 };
 // Int8 matmul attrs (qmatmul): b is a constant s8 (K, N), or (N, K) with trans_b.
 enum QMatmulAttr { kQMTransB, kQMHasBias, kQMAct, kQMSrcSigned, kQMSrcScale, kQMSrcZp,
@@ -615,7 +619,8 @@ void SetQuantParams(QuantEntry* e, const dnnl::engine& eng, int64_t scale_bits, 
 }
 
 void RunQuant(QuantEntry* e, const TensorView& data, const TensorView& out,
-              const std::optional<TensorView>& bias, const memory::desc& bias_md) {
+              const std::optional<TensorView>& bias, const memory::desc& bias_md,
+              const std::optional<TensorView>& residual = std::nullopt) {
   Runtime& rt = GetRuntime();
   memory user_src(e->user_src_md, rt.eng, DataPtr(data));
   std::unordered_map<int, memory> qargs{{DNNL_ARG_FROM, user_src}, {DNNL_ARG_TO, e->src_buf},
@@ -624,6 +629,16 @@ void RunQuant(QuantEntry* e, const TensorView& data, const TensorView& out,
   e->quantize.execute(rt.strm, qargs);
   memory user_dst(e->user_dst_md, rt.eng, DataPtr(out));
   memory dst = e->reorder_dst ? e->dst_buf : user_dst;
+  if (residual) {
+    // The sum post-op accumulates into dst, so dst starts as the residual.
+    CheckF32Contig(*residual, "residual");
+    memory user_res(e->user_dst_md, rt.eng, DataPtr(*residual));
+    if (e->reorder_dst) {
+      dnnl::reorder(user_res, dst).execute(rt.strm, user_res, dst);
+    } else if (DataPtr(*residual) != DataPtr(out)) {
+      std::memcpy(DataPtr(out), DataPtr(*residual), out.numel() * sizeof(float));
+    }
+  }
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, e->src_buf}, {DNNL_ARG_WEIGHTS, e->weights}, {DNNL_ARG_DST, dst},
       {DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, e->src_scale},
@@ -673,6 +688,18 @@ std::shared_ptr<QuantEntry> CreateQConv(const TensorView& data, const TensorView
                                    : memory::desc();
   dnnl::post_ops po;
   AppendAct(&po, a[kQAct], BitsToFloat(a[kQClipLo]), BitsToFloat(a[kQClipHi]));
+  if (a[kQHasRes]) {
+    // quantize -> dequantize of the output, written as relax legalizes it:
+    // (clip(round(x / s) + zp, qmin, qmax) - zp) * s; then the residual, then relu.
+    float s = BitsToFloat(a[kQOutScale]), zp = static_cast<float>(a[kQOutZp]);
+    float qmin = a[kQOutSigned] ? -128.f : 0.f, qmax = a[kQOutSigned] ? 127.f : 255.f;
+    po.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f / s, zp);
+    po.append_eltwise(dnnl::algorithm::eltwise_round, 0.f, 0.f);
+    po.append_eltwise(dnnl::algorithm::eltwise_clip, qmin, qmax);
+    po.append_eltwise(dnnl::algorithm::eltwise_linear, s, -zp * s);
+    po.append_sum(1.f);
+    if (a[kQPostRelu]) po.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+  }
   dnnl::primitive_attr attr;
   attr.set_post_ops(po);
   attr.set_scales_mask(DNNL_ARG_SRC, 0);
@@ -701,16 +728,19 @@ std::shared_ptr<QuantEntry> CreateQConv(const TensorView& data, const TensorView
 
 void QConv2d(PackedArgs args, tvm::ffi::Any* rv) {
   int n = args.size();
-  TVM_FFI_ICHECK_GE(n, 5) << "qconv2d(data, weight, weight_scales, [bias], attrs, out)";
+  TVM_FFI_ICHECK_GE(n, 5) << "qconv2d(data, weight, weight_scales, [bias], [residual], attrs, out)";
   std::vector<int64_t> a = ReadAttrs(args[n - 2]);
+  if (a.size() == static_cast<size_t>(kQConvBaseAttrs)) a.resize(kQConvNumAttrs, 0);
   TVM_FFI_ICHECK_EQ(a.size(), static_cast<size_t>(kQConvNumAttrs)) << "bad qconv2d attrs";
-  bool has_bias = a[kQHasBias] != 0;
-  TVM_FFI_ICHECK_EQ(n, 5 + has_bias) << "qconv2d arg count does not match attrs";
+  bool has_bias = a[kQHasBias] != 0, has_res = a[kQHasRes] != 0;
+  TVM_FFI_ICHECK_EQ(n, 5 + has_bias + has_res) << "qconv2d arg count does not match attrs";
   TensorView data = args[0].cast<TensorView>();
   TensorView weight = args[1].cast<TensorView>();
   TensorView wscales = args[2].cast<TensorView>();
   std::optional<TensorView> bias;
   if (has_bias) bias = args[3].cast<TensorView>();
+  std::optional<TensorView> residual;
+  if (has_res) residual = args[3 + has_bias].cast<TensorView>();
   TensorView out = args[n - 1].cast<TensorView>();
   CheckF32Contig(data, "data");
   CheckF32Contig(out, "out");
@@ -733,7 +763,7 @@ void QConv2d(PackedArgs args, tvm::ffi::Any* rv) {
   }
   memory::desc b_md;
   if (has_bias) b_md = memory::desc({bias->numel()}, dt::f32, tag::x);
-  RunQuant(e.get(), data, out, bias, b_md);
+  RunQuant(e.get(), data, out, bias, b_md, residual);
 }
 
 // a: (..., M, K) fp32, its batch dims folded into M; b: constant s8 (K, N) or (N, K).
