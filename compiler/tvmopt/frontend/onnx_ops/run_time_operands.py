@@ -280,7 +280,7 @@ class Slice:
         import numpy as np
         from tvm import relax, te
 
-        from .shape_values import const_ints
+        import tvm
 
         x = inputs[0]
         rank = x.ty.ndim
@@ -293,8 +293,13 @@ class Slice:
         n = _static_len(starts, "starts")
         # Axes the slice cannot touch keep the input's dims (not fresh ones), so that a later
         # Concat or elementwise op can still match them (chunk along H under a symbolic batch).
-        const_axes = list(range(n)) if axes is None else const_ints(axes)
-        touched = set(range(rank)) if not isinstance(const_axes, list) else \
+        if axes is None:
+            const_axes = list(range(n))
+        elif isinstance(axes, tvm.ir.GenericConst):
+            const_axes = [int(a) for a in axes.value.numpy().reshape(-1)]
+        else:
+            const_axes = None
+        touched = set(range(rank)) if const_axes is None else \
             {a + rank if a < 0 else a for a in const_axes}
         hot = bb.emit(_axes_onehot(axes, n, rank))  # (n, rank)
         hit = relax.op.greater(relax.op.sum(hot, [0]), _i64(0))
