@@ -285,6 +285,25 @@ def _check_attribute_values(node) -> None:
                                 ">= 0")
 
 
+def _check_if_branches(node) -> None:
+    """An If whose branches return an Optional is refused by name: TVM imports If itself (not
+    through a converter) and fails inside on the empty-Optional value with an internal message.
+
+    Raises:
+        UnsupportedOpError: naming the node, the branch and its output.
+    """
+    if node.op_type != "If":
+        return
+    for a in node.attribute:
+        if a.name not in ("then_branch", "else_branch"):
+            continue
+        for out in a.g.output:
+            if out.type.WhichOneof("value") == "optional_type":
+                who = node.name or f"<unnamed {node.op_type}>"
+                raise UnsupportedOpError(f"node '{who}' (If): {a.name} output '{out.name}' is "
+                                         "an Optional, which the importer does not support")
+
+
 class _OneNode:
     """A graph holding one node, for feeding TVM's importer node by node."""
 
@@ -314,6 +333,7 @@ def _make_importer_class():
             for node in graph.node:
                 _check_empty_inputs(node, self.opset)
                 _check_attribute_values(node)
+                _check_if_branches(node)
                 node = shape_values.materialize_inputs(self.bb, self._nodes, node)
                 if node.op_type in control_flow.UNROLLED:  # they need the importer, not a converter
                     control_flow.unroll(self, node)

@@ -101,9 +101,12 @@ def channels_last(kernel_layout: str = "HWIO") -> list:
     Only modules with a conv2d change. ConvertLayout refuses some graphs (a match_cast of a
     data-dependent shape: "exactly one of the layouts is unknown"); those keep their layout.
     """
+    # conv2d_transpose is pinned to NCHW: it would otherwise follow its NHWC producer, and
+    # TVM's legalizer lowers only NCHW/IOHW, leaving an op the VM codegen cannot emit.
+    desired = {"relax.nn.conv2d": ["NHWC", kernel_layout],
+               "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
     convert = tvm.ir.transform.Sequential([
-        LiftClip, SpellQDQ,
-        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", kernel_layout]}),
+        LiftClip, SpellQDQ, relax.transform.ConvertLayout(desired),
         relax.transform.Normalize(), relax.transform.FoldConstant(), FoldQDQ])
 
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.ChannelsLast")

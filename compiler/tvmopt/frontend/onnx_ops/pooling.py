@@ -81,3 +81,55 @@ class MaxPool:
             return relax.Tuple([values, best_i])
 
         return convert
+
+
+@register("MaxUnpool")
+def max_unpool(bb, inputs, attr, params, opset):
+    """MaxUnpool with `output_shape`, constant or fed at run time (TVM's converter reads the
+    operand with numpy's `.tolist()`, which neither a Relax constant nor a graph input has).
+
+    As the reference does it: indices are flat positions in the shape the pooling attributes
+    infer (the unpadded pool input), so the values scatter into that shape, which then sits at
+    the start of each axis of a zero tensor of `output_shape`.
+    """
+    from tvm import relax, te, tirx
+    from tvm.relax.frontend.onnx.onnx_frontend import get_constant
+
+    from .run_time_operands import _static_len, shape_vars
+    from .shape_values import static_dims
+
+    shape = inputs[2] if len(inputs) > 2 else None
+    if shape is None:
+        return tvm_converter("MaxUnpool", opset)(bb, inputs, attr, params)
+    data, indices = inputs[0], inputs[1]
+    if not isinstance(data.ty.shape, relax.ShapeExpr):
+        raise ValueError("MaxUnpool with output_shape needs an input of known rank")
+    in_dims = list(data.ty.shape.values)
+    kernel = list(attr.get("kernel_shape"))
+    n = len(kernel)
+    strides = list(attr.get("strides", [1] * n))
+    pads = list(attr.get("pads", [0] * 2 * n))
+    inferred = in_dims[:2] + [(in_dims[2 + k] - 1) * strides[k] - (pads[k] + pads[n + k])
+                              + kernel[k] for k in range(n)]
+    shape = get_constant(shape, params)
+    out_dims = static_dims(shape)
+    if out_dims is None:
+        out_dims = shape_vars(bb, shape, _static_len(shape, "output_shape"), "unpool_")
+    if len(out_dims) != len(in_dims):
+        raise ValueError(f"output_shape has {len(out_dims)} values for an input of rank "
+                         f"{len(in_dims)}")
+    size = inferred[0]
+    for d in inferred[1:]:
+        size = size * d
+    zeros = bb.emit(relax.op.zeros(relax.ShapeExpr([size]), data.ty.dtype))
+    flat = relax.op.scatter_elements(zeros, relax.op.reshape(indices, [-1]),
+                                     relax.op.reshape(data, [-1]), axis=0)
+    unpooled = bb.emit(relax.op.reshape(flat, relax.ShapeExpr(inferred)))
+
+    def place(y):
+        def value(*i):
+            inside = tirx.all(*[i[k] < inferred[k] for k in range(len(i))])
+            return tirx.if_then_else(inside, y(*i), tirx.const(0, y.dtype))
+        return te.compute(out_dims, value, name="max_unpool")
+
+    return bb.emit_te(place, unpooled)

@@ -241,6 +241,16 @@ def _axes_onehot(axes, n_axes: int, rank: int):
                                           _i64(np.arange(rank)[None, :])), "int64")
 
 
+def _with_dims(bb, x, hint: str):
+    """`x` with a ShapeExpr shape (TE kernels need one): unknown dims bound to fresh vars."""
+    from tvm import relax, tirx
+
+    if isinstance(x.ty.shape, relax.ShapeExpr):
+        return x
+    dims = [tirx.Var(f"{hint}{next(_fresh)}", "int64") for _ in range(x.ty.ndim)]
+    return bb.match_cast(x, relax.TensorType(dims, x.ty.dtype))
+
+
 def _operand(value, params):
     """A constant operand as its Relax constant, a run-time one as is."""
     from tvm.relax.frontend.onnx.onnx_frontend import get_constant
@@ -270,11 +280,27 @@ class Slice:
         import numpy as np
         from tvm import relax, te
 
+        import tvm
+
         x = inputs[0]
         rank = x.ty.ndim
+        if rank is None or rank < 0:
+            raise ValueError("Slice with starts/ends computed at run time needs an input of "
+                             "known rank")
+        x = _with_dims(bb, x, "slice_in_")
         starts, ends = _operand(inputs[1], params), _operand(inputs[2], params)
         axes, steps = _operand(inputs[3], params), _operand(inputs[4], params)
         n = _static_len(starts, "starts")
+        # Axes the slice cannot touch keep the input's dims (not fresh ones), so that a later
+        # Concat or elementwise op can still match them (chunk along H under a symbolic batch).
+        if axes is None:
+            const_axes = list(range(n))
+        elif isinstance(axes, tvm.ir.GenericConst):
+            const_axes = [int(a) for a in axes.value.numpy().reshape(-1)]
+        else:
+            const_axes = None
+        touched = set(range(rank)) if const_axes is None else \
+            {a + rank if a < 0 else a for a in const_axes}
         hot = bb.emit(_axes_onehot(axes, n, rank))  # (n, rank)
         hit = relax.op.greater(relax.op.sum(hot, [0]), _i64(0))
 
@@ -301,7 +327,8 @@ class Slice:
         at = relax.op.abs(t)
         length = relax.op.maximum(
             relax.op.floor_divide(relax.op.subtract(relax.op.add(span, at), _i64(1)), at), zero)
-        out_shape = shape_vars(bb, bb.emit(length), rank, "slice_")
+        fresh = shape_vars(bb, bb.emit(length), rank, "slice_")
+        out_shape = [fresh[k] if k in touched else x.ty.shape.values[k] for k in range(rank)]
 
         def gather(data, begin, step):  # begin/step are read from tensors: only shapes bind vars
             return te.compute(out_shape, lambda *i: data[tuple(

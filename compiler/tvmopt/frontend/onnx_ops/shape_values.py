@@ -152,11 +152,40 @@ def gather(bb, inputs, attr, params, opset):
             and not isinstance(data, relax.ShapeExpr):
         data = as_shape_tensor(bb, data)
     indices = inputs[1]
+    folded = _gather_static_dims(data, indices)
+    if folded is not None:
+        return folded
     if prim_of(indices) is not None:
         indices = as_shape_tensor(bb, indices)
     _check_constant_indices(data, indices, int(attr.get("axis", 0)))
     return tvm_converter("Gather", opset)(
         bb, [data, indices, *inputs[2:]], attr, params)
+
+
+def _gather_static_dims(data, indices):
+    """Static dims read from a shape by constant indices, as an int64 constant (else None).
+
+    `torch.chunk` exports its split points as Shape -> Gather([1]) -> Add/Div/Mul -> Slice. TVM
+    gathers from the shape at run time when the index is not 0-d, so the split points, and every
+    shape after the Slice, would be unknown at compile time even where the channel count is
+    static (it is under a symbolic batch too). A constant here lets the arithmetic fold and
+    Slice take its static path.
+    """
+    import numpy as np
+    from tvm import relax, tirx
+
+    ints = const_ints(indices)
+    if ints is None or not isinstance(data, relax.ShapeExpr) or np.ndim(ints) == 0:
+        return None  # a 0-d index is already a scalar dim in TVM's converter
+    dims = list(data.values)
+    picked = np.asarray(ints, dtype="int64")
+    if picked.size == 0 or (picked < -len(dims)).any() or (picked >= len(dims)).any():
+        return None
+    values = [dims[int(k)] for k in picked.reshape(-1)]
+    if not all(isinstance(d, tirx.IntImm) for d in values):
+        return None
+    return relax.const(np.asarray([int(d) for d in values], "int64").reshape(picked.shape),
+                       "int64")
 
 
 def _check_constant_indices(data, indices, axis: int) -> None:
