@@ -253,3 +253,37 @@ def test_a_build_host_without_bf16_units_keeps_fp32_and_says_why(tmp_path, monke
     assert any("no bf16 units" in n for n in cfg.notes)
     assert all(c.library_bf16_ms is None and c.precision == "fp32"
                for c in cfg.dispatch_choices)
+
+
+def test_lowering_leaves_the_partitioned_module_as_it_was(tmp_path):
+    """The dispatch timing lowers one partitioned module once per compute precision: lowering
+    must not rewrite its input (it did, and the bf16 side then timed the fp32 calls)."""
+    import onnx
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.kernels import onednn as od
+    from tvmopt.runtime.in_memory import host_target
+
+    mod = import_onnx(onnx.load(_cnn(tmp_path))).mod
+    front = pipeline.optimize(mod, host_target().to_tvm(),
+                              pipeline.PipelineConfig(dispatch="codegen"), until="layout")
+    part = od.partition(front)
+    before = part.clone()
+
+    def computes(lowered):
+        found = []
+
+        def visit(e):
+            if isinstance(e, relax.Call) and e.op.same_as(tvm.ir.Op.get("relax.call_dps_packed")):
+                found.append(int(e.args[1].fields[-1].values[-1]))
+
+        relax.analysis.post_order_visit(lowered["main"], visit)
+        return found
+
+    assert set(computes(od.lower(part, compute="fp32"))) == {od.COMPUTE["fp32"]}
+    assert tvm_ffi.structural_equal(part, before)
+    assert set(computes(od.lower(part, compute="bf16"))) == {od.COMPUTE["bf16"]}

@@ -1002,6 +1002,9 @@ def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO,
         compute: the compute precision of the library calls: one name from COMPUTE for every
             group, or a dict GlobalVar -> name (groups missing from it: fp32).
     """
+    # A copy: the caller may lower the same partitioned module again (the dispatch timing
+    # lowers it once per compute precision).
+    mod = mod.clone()
     groups = composites(mod)
     back = {gv: f for gv, f in groups.items() if keep is not None and gv not in keep}
     if isinstance(compute, str):
