@@ -93,7 +93,7 @@ def markdown(results: dict) -> str:
 
 
 def _table(rows: list[dict]) -> list[str]:
-    runners = [k for k in rows[0]["ms"] if all(k in r["ms"] for r in rows)]
+    runners = list(dict.fromkeys(k for r in rows for k in r["ms"]))
     builds = [r for r in runners if r.startswith("tvmopt-")]
     others = [r for r in runners if not r.startswith("tvmopt-") and r != "onnxruntime"]
     compiled = [b for b in builds if b[len("tvmopt-"):] in rows[0]["compile_s"]]
@@ -103,19 +103,30 @@ def _table(rows: list[dict]) -> list[str]:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cell = {k: f"{v['p50']:.2f} ms ({v['ratio_to_ort']:.2f}x)" for k, v in r["ms"].items()}
+        cell = {k: cell.get(k, "-") for k in runners}  # a runtime that could not load it
         out.append("| " + " | ".join(
             [r["model"], str(r["batch"])] + [cell[b] for b in builds]
             + [f"{r['ms']['onnxruntime']['p50']:.2f} ms"] + [cell[o] for o in others]
-            + [" / ".join(f"{r['compile_s'][b[len('tvmopt-'):]]:.1f} s" for b in compiled)])
+            + [" / ".join(f"{r['compile_s'].get(b[len('tvmopt-'):], 0):.1f} s"
+                          for b in compiled)])
             + " |")
     out += ["", "| rows | " + " | ".join(builds + others) + " |",
             "|---|" + "---|" * (len(builds) + len(others))]
-    ratio = {k: [r["ms"][k]["ratio_to_ort"] for r in rows] for k in runners}
+    ratio = {k: [r["ms"][k]["ratio_to_ort"] for r in rows if k in r["ms"]] for k in runners}
     out.append(f"| {len(rows)} rows, geometric mean (worst) | " + " | ".join(
-        f"{_geomean(ratio[k]):.2f}x ({max(ratio[k]):.2f}x)" for k in builds + others) + " |")
+        f"{_geomean(ratio[k]):.2f}x ({max(ratio[k]):.2f}x)"
+        + (f" on {len(ratio[k])} rows" if len(ratio[k]) < len(rows) else "")
+        for k in builds + others) + " |")
+    # the same rows for every runtime: those every runtime could run
+    common = [r for r in rows if all(k in r["ms"] for k in runners)]
+    if len(common) < len(rows):
+        out.append(f"| {len(common)} rows every runtime ran, geometric mean | " + " | ".join(
+            f"{_geomean([r['ms'][k]['ratio_to_ort'] for r in common]):.2f}x"
+            for k in builds + others) + " |")
     if all("rel_err" in r for r in rows):
         out.append("| largest error vs onnxruntime (max abs / max ref) | " + " | ".join(
-            f"{max(r['rel_err'][k] for r in rows):.1e}" for k in builds + others) + " |")
+            f"{max(r['rel_err'][k] for r in rows if k in r['rel_err']):.1e}"
+            for k in builds + others) + " |")
     return out
 
 
@@ -306,7 +317,10 @@ def main(argv=None) -> int:
             row = {"model": full_name, "batch": batch, "compile_s": {}, "ms": {},
                    "precision": {}}
             specs = _compile_row(args, row, original, out)
-            fp32_original = specs[_variants(args)[0][0]].path
+            # the int8 rows' reference build of the original: fp32 if it was built, else the first
+            ref_name, _, ref_prec = next((v for v in _variants(args) if v[2] == "fp32"),
+                                         _variants(args)[0])
+            original_build = specs[ref_name].path
             specs.update(_baseline_specs(args, original, source, name, batch))
             rows.append(_measure_row(args, row, specs, feed))
             for kind in kinds:
@@ -316,7 +330,7 @@ def main(argv=None) -> int:
                 row = {"model": f"{full_name} ({kind} int8)", "batch": batch, "compile_s": {},
                        "ms": {}, "precision": {}}
                 specs = _compile_row(args, row, path, out)
-                specs["tvmopt-fp32-original"] = Spec("tvmopt", fp32_original)
+                specs[f"tvmopt-original-{ref_prec}"] = Spec("tvmopt", original_build)
                 specs.update(_baseline_specs(args, path, source, name, batch))
                 specs.pop("torch", None)  # the same eager fp32 module as the original's row
                 rows.append(_measure_row(args, row, specs, feed))
