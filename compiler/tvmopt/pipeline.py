@@ -148,16 +148,18 @@ def _fuse_legalize(target, cfg):
     from tvm import relax
 
     from .passes.fusion_record import RecordFusedOps, RecordKernelCount
+    from .passes.qdq_legalize import legalize_map
     from .passes.symbolic_order import OrderSymbolicDefs
 
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if cfg.weight_prepack else []
     # OrderSymbolicDefs: FuseOps may emit a group before the match_cast defining its dims.
     # The Record* passes note, in module attributes, the kernel count before fusion and the ops
     # of each fused kernel: what the planner reports, read from the fused module alone.
-    return [relax.transform.LegalizeOps(), RecordKernelCount(),
-            relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
-            relax.transform.FuseOps(), OrderSymbolicDefs(), RecordFusedOps(),
-            relax.transform.FuseTIR(), *prepack]
+    # legalize_map: relax.quantize with NaN -> the type's minimum, as onnxruntime computes it.
+    return [relax.transform.LegalizeOps(customize_legalize_map=legalize_map()),
+            RecordKernelCount(), relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(), relax.transform.FuseOps(), OrderSymbolicDefs(),
+            RecordFusedOps(), relax.transform.FuseTIR(), *prepack]
 
 
 def _apply_database(target, cfg):

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from __future__ import annotations
 import numpy as np
-from onnx import helper
-from tests.harness import check_node, run_tvmopt
-from tests.models import node_model
+from onnx import TensorProto, helper
+import pytest
+from tests.harness import check_node, run_onnxruntime, run_tvmopt
+from tests.models import graph_model, node_model
 
 
 
@@ -98,3 +99,57 @@ def test_qlinearconv_per_channel_scale_and_bias():
     node = helper.make_node("QLinearConv", list(["x"] + list(consts)), ["y"],
                             strides=[2, 2], pads=[1, 0, 1, 0])
     check_node(node, feeds, consts, opset=10, atol=0)
+
+
+# ---------------------------------------------------------------- NaN / inf in QuantizeLinear
+
+def _special_values(n=40):
+    x = np.linspace(-3, 3, n).astype(np.float32)
+    x[:5] = [np.nan, np.inf, -np.inf, np.nan, 1.0]
+    return x.reshape(2, n // 2)
+
+
+@pytest.mark.parametrize("zp", [np.uint8(0), np.uint8(128), np.int8(0), np.int8(-5)])
+@pytest.mark.parametrize("opset", [13, 21])  # 13: TVM's relax.quantize; 21: output_dtype path
+def test_quantize_nan_goes_to_the_minimum_and_inf_saturates(zp, opset):
+    # onnxruntime, OpenVINO and onnx.reference give NaN -> type minimum (whatever the zero
+    # point); TVM's legalization cast the NaN as is (LLVM poison: 255 for uint8 here).
+    feeds = {"x": _special_values()}
+    consts = {"s": np.array(0.1, np.float32), "z": np.array(zp)}
+    qtype = helper.np_dtype_to_tensor_dtype(np.array(zp).dtype)
+    attrs = {"output_dtype": qtype} if opset >= 21 else {}
+    node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], **attrs)
+    model = node_model(node, feeds, consts, ["y"], opset=opset, out_type=qtype)
+    got = run_tvmopt(model, feeds)[0]
+    want = run_onnxruntime(model, feeds)[0]
+    np.testing.assert_array_equal(got, want)
+    lo, hi = np.iinfo(np.array(zp).dtype).min, np.iinfo(np.array(zp).dtype).max
+    assert got.ravel()[[0, 1, 2, 3]].tolist() == [lo, hi, lo, lo]
+
+
+def test_qdq_masked_softmax_with_infinite_scale():
+    # onnxruntime's quantize_static of a GPT-2-style decoder: the causal mask's Where outputs
+    # -inf, calibration gives it scale = inf, so QDQ(Where) is NaN (0 * inf, -inf / inf), the
+    # Softmax is NaN, and its QuantizeLinear must give 0 (onnxruntime) -- tvmopt gave 255, so
+    # every attention probability became 1.0 and the model's output was 0.61 off.
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((1, 2, 8, 8)).astype(np.float32)
+    mask = np.triu(np.ones((8, 8), bool), 1)
+    feeds = {"scores": scores}
+    consts = {"mask": mask, "neg": np.array(-np.inf, np.float32),
+              "s_inf": np.array(np.inf, np.float32), "z0": np.array(0, np.uint8),
+              "s_p": np.array(1 / 255, np.float32)}
+    nodes = [helper.make_node("Where", ["mask", "neg", "scores"], ["w"]),
+             helper.make_node("QuantizeLinear", ["w", "s_inf", "z0"], ["wq"]),
+             helper.make_node("DequantizeLinear", ["wq", "s_inf", "z0"], ["wd"]),
+             helper.make_node("Softmax", ["wd"], ["p"], axis=-1),
+             helper.make_node("QuantizeLinear", ["p", "s_p", "z0"], ["pq"]),
+             helper.make_node("DequantizeLinear", ["pq", "s_p", "z0"], ["y"])]
+    model = graph_model(nodes, feeds, ["pq", "y"], consts, opset=17)
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8  # onnxruntime wants
+    model.graph.output[1].type.tensor_type.elem_type = TensorProto.FLOAT  # typed outputs
+    got = run_tvmopt(model, feeds)
+    want = run_onnxruntime(model, feeds)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    assert not want[1].any()  # all zeros, not all ones

@@ -56,6 +56,10 @@ def fast_legalize_map() -> dict:
 def FastMath(mod, _ctx):  # noqa: N802 - named like the TVM passes beside it
     """Legalize every op of the module, the fast-math ones to their fast forms.
 
-    The fusion phase's own LegalizeOps then finds nothing left to legalize.
+    The fusion phase's own LegalizeOps then finds nothing left to legalize, so the pipeline's
+    other custom legalizations (NaN-safe relax.quantize) must be applied here too.
     """
-    return relax.transform.LegalizeOps(customize_legalize_map=fast_legalize_map())(mod)
+    from .qdq_legalize import legalize_map
+
+    return relax.transform.LegalizeOps(
+        customize_legalize_map={**legalize_map(), **fast_legalize_map()})(mod)

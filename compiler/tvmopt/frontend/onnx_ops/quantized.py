@@ -65,7 +65,22 @@ def _requantize(bb, acc, multiplier, y_zero_point, out_dtype: str):
     rounded = relax.op.round(scaled)  # TVM's round is round-half-to-even, as np.rint
     if y_zero_point is not None:
         rounded = relax.op.add(rounded, relax.op.astype(y_zero_point, "float64"))
-    return relax.op.astype(relax.op.clip(rounded, lo, hi), out_dtype)
+    return _saturate(bb, rounded, lo, hi, out_dtype)
+
+
+def _saturate(bb, value, lo: int, hi: int, out_dtype: str):
+    """Float -> integer type: clip to [lo, hi] in float, NaN -> lo.
+
+    Clipped before the cast (a float -> int cast of +-inf or NaN is undefined: LLVM poison), and
+    NaN sent to the minimum explicitly (clip passes NaN through), which is what onnxruntime,
+    OpenVINO and onnx.reference compute (passes/qdq_legalize.py).
+    """
+    from tvm import relax
+
+    value = bb.normalize(value)
+    clipped = relax.op.where(relax.op.isnan(value), relax.const(lo, _dtype(bb, value)),
+                             relax.op.clip(value, lo, hi))
+    return relax.op.astype(clipped, out_dtype)
 
 
 def _multiplier(bb, x_scale, w_scale, y_scale):
@@ -209,10 +224,13 @@ def _quantize(bb, inputs, attr, types):
         lo, hi = t.int_range if t else _INT_RANGES.get(out_name, (None, None))
         if lo is None:
             raise ValueError(f"QuantizeLinear to {out_name} is not supported")
-        qi = relax.op.astype(relax.op.round(q), "int32")  # round half to even, as np.rint
+        qf = relax.op.round(q)  # round half to even, as np.rint
+        if _dtype(bb, qf) in ("float16", "bfloat16"):  # exact integers up to 2^24 for the zp add
+            qf = relax.op.astype(qf, "float32")
         if zp is not None:
-            qi = relax.op.add(qi, relax.op.astype(_broadcast_param(bb, zp, x, axis, block), "int32"))
-        return relax.op.astype(relax.op.clip(qi, lo, hi), t.carrier if t else out_name)
+            qf = bb.normalize(relax.op.add(qf, relax.op.astype(
+                _broadcast_param(bb, zp, x, axis, block), _dtype(bb, qf))))
+        return _saturate(bb, qf, lo, hi, t.carrier if t else out_name)
     if t.name.startswith("float8"):  # the reference ignores the (zero) float8 zero point
         if zp is not None:
             require_zero(zp, t, "QuantizeLinear")
