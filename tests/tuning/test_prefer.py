@@ -82,7 +82,10 @@ def test_a_record_is_kept_only_where_it_times_faster(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_record_slower_than_the_default_schedule_is_dropped(tmp_path):
+def test_a_record_slower_than_the_default_schedule_is_dropped(tmp_path, monkeypatch):
+    # The second call reading the verdicts is under test, not how quiet the machine is.
+    monkeypatch.setattr(timing, "FOREIGN_LOAD_LIMIT", float("inf"))
+    monkeypatch.setattr(timing, "SPREAD", float("inf"))
     hw = get_target("host")
     model = tiny_mlp(tmp_path / "mlp.onnx", batch=64, features=256, hidden=256, classes=256)
     fused, _, _ = tune.fused_module(model, SHAPES, hw)
