@@ -1076,7 +1076,8 @@ def _prepare(mod: tvm.IRModule, conv: bool, nhwc: bool) -> tvm.IRModule:
     return mod
 
 
-def _has_integer_matmul(mod: tvm.IRModule) -> bool:
+def has_integer_matmul(mod: tvm.IRModule) -> bool:
+    """The module has int32 matmuls (a dynamically quantized model's MatMulInteger)."""
     found = []
 
     def visit(e):
@@ -1116,7 +1117,7 @@ def partition(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,
         mod = tvm.ir.transform.Sequential([relax.transform.FoldConstant(),
                                            relax.transform.EliminateCommonSubexpr(),
                                            relax.transform.DeadCodeElimination()])(mod)
-    if int8 and matmul and _has_integer_matmul(mod):
+    if int8 and matmul and has_integer_matmul(mod):
         # onnxruntime quantize_dynamic models: MatMulInteger on a DynamicQuantizeLinear input.
         mod = _private_dynamic(mod)
         pats = [relax.transform.FusionPattern(n, p, ann, _check_dqmatmul)
@@ -1193,6 +1194,11 @@ def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO,
 def is_quantized(func: relax.Function) -> bool:
     """A composite for the int8 kernels (qconv2d / qmatmul)."""
     return str(func.attrs.get("Composite", "")).startswith(_PREFIX + "q")
+
+
+def is_dynamic(func: relax.Function) -> bool:
+    """A composite for a dynamically quantized integer matmul (qmatmul_dynamic)."""
+    return str(func.attrs.get("Composite", "")).startswith(_PREFIX + "qmatmul_dynamic")
 
 
 def dispatch_onednn(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,
