@@ -69,14 +69,14 @@ def _gpt_block(path) -> str:
     return out
 
 
-def _compile(path, dispatch):
+def _compile(path, dispatch, shapes=None):
     from tvmopt import pipeline
     from tvmopt.frontend.importer import import_onnx
     from tvmopt.runtime.in_memory import host_target
 
     target = host_target().to_tvm()
     cfg = pipeline.PipelineConfig(dispatch=dispatch)
-    mod = pipeline.optimize(import_onnx(onnx.load(path)).mod, target, cfg, until="dispatch")
+    mod = pipeline.optimize(import_onnx(onnx.load(path), shapes).mod, target, cfg, until="dispatch")
     return mod, pipeline.build(mod, target, cfg=cfg, start_after="dispatch"), cfg
 
 
@@ -95,7 +95,7 @@ def _check_against_onnxruntime(path, ex, x):
 
 
 def test_mlp_integer_matmuls_are_int8_calls_and_match_onnxruntime(qmodel):
-    mod, ex, cfg = _compile(qmodel, "library")
+    mod, ex, cfg = _compile(qmodel, "library", {"x": (4, 64)})
     text = mod.script(show_meta=False)
     assert text.count(f'R.call_dps_packed("{od.QMATMUL_FUNC}"') == 2
     assert 'R.matmul(' not in text and "R.quantize(" not in text  # min/max chain gone too
@@ -122,7 +122,8 @@ def test_decision_reports_int8_chosen_for_the_dynamic_library_workloads(qmodel, 
 
     logs = []
     res = compile_model(CompileOptions(model=qmodel, target="host", output=str(tmp_path / "a"),
-                                       dispatch="library", verify=True), log=logs.append)
+                                       dispatch="library", shapes={"x": (4, 64)},
+                                       verify=True), log=logs.append)
     prec = res.artifact.manifest["precision"]
     (d,) = [d for d in prec["decisions"] if d["precision"] == "int8"]
     assert d["action"] == "chosen"
@@ -156,7 +157,7 @@ def test_without_vnni_integer_matmuls_stay_off_the_int8_kernels(qmodel, monkeypa
     from tvmopt.targets import registry
 
     monkeypatch.setattr(registry, "host_cpu_features", lambda: {"avx2", "fma"})
-    mod, _, cfg = _compile(qmodel, "library")
+    mod, _, cfg = _compile(qmodel, "library", {"x": (4, 64)})
     assert od.QMATMUL_FUNC not in mod.script(show_meta=False)
     assert any("dynamically quantized model" in n and "int8 dot-product" in n
                for n in cfg.notes)
