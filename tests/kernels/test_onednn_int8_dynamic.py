@@ -161,3 +161,19 @@ def test_without_vnni_integer_matmuls_stay_off_the_int8_kernels(qmodel, monkeypa
     assert od.QMATMUL_FUNC not in mod.script(show_meta=False)
     assert any("dynamically quantized model" in n and "int8 dot-product" in n
                for n in cfg.notes)
+
+
+def test_fp32_rewrite_leaves_the_int8_library_matmuls_integer(qmodel):
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.precision.rewrites import integer_matmul_to_fp32_pass
+    from tvmopt.runtime.in_memory import host_target
+
+    def int32_matmuls(keep):
+        cfg = pipeline.PipelineConfig(dispatch="library",
+                                      precision_passes=[integer_matmul_to_fp32_pass(keep)])
+        mod = pipeline.optimize(import_onnx(onnx.load(qmodel), {"x": (4, 64)}).mod,
+                                host_target().to_tvm(), cfg, until="precision")
+        return mod.script(show_meta=False).count('out_dtype="int32"')
+
+    assert int32_matmuls(False) == 0 and int32_matmuls(True) == 2

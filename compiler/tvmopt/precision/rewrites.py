@@ -115,6 +115,8 @@ def _is_op(e, name) -> bool:
 def _dynamic_int8_matmul(call, bound) -> bool:
     """MatMulInteger of a DynamicQuantizeLinear input and a constant weight that fits int8, as
     imported: what the oneDNN int8 library kernels take (kernels.onednn qmatmul_dynamic)."""
+    import tvm
+
     sub = bound(call.args[0])
     if not _is_op(sub, "relax.subtract"):
         return False
@@ -124,9 +126,10 @@ def _dynamic_int8_matmul(call, bound) -> bool:
     w = call.args[1]
     if _is_op(bound(w), "relax.subtract"):  # the weight minus its zero point
         w = bound(w).args[0]
-    if not hasattr(w, "data"):
+    value = getattr(w, "value", None)  # TVM 0.27's GenericConst holds a Tensor .value
+    if not isinstance(value, tvm.runtime.Tensor):
         return False
-    arr = w.data.numpy()
+    arr = value.numpy()
     return arr.dtype.kind in "iu" and arr.size > 0 and arr.min() >= -128 and arr.max() <= 127
 
 
