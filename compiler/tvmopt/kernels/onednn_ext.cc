@@ -778,7 +778,10 @@ void QConv2d(PackedArgs args, tvm::ffi::Any* rv) {
 // zero_point = round_half_even(clamp(0 - min / scale, 0, 255)).
 void DynamicQuantParams(const float* x, int64_t n, float* scale, int32_t* zp) {
   float mn = 0.f, mx = 0.f;
-#pragma omp parallel for simd reduction(min : mn) reduction(max : mx)
+  // One thread: a pass over an activation (~100k floats) takes microseconds, less than waking
+  // the OpenMP team for one more parallel region, which on a busy machine can wait a whole
+  // scheduler quantum for a preempted worker.
+#pragma omp simd reduction(min : mn) reduction(max : mx)
   for (int64_t i = 0; i < n; ++i) {
     mn = std::min(mn, x[i]);
     mx = std::max(mx, x[i]);
