@@ -49,6 +49,8 @@ class Choice:
     # A QDQ model's quantized convolution / matmul, whose library call is int8 (a library
     # choice's precision is then "int8"; codegen runs the QDQ graph as imported).
     quantized: bool = False
+    # A dynamically quantized model's integer matmul (MatMulInteger), quantized in the call.
+    dynamic: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -149,7 +151,7 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
             choices.append(Choice(k, sum(len(sites.get(gv, ())) for gv in g), force, None, None,
                                   reason=f"--dispatch {force}",
                                   precision=c if force == "library" else "fp32",
-                                  quantized=quant))
+                                  quantized=quant, dynamic=onednn.is_dynamic(groups[g[0]])))
             if force == "library":
                 keep |= set(g)
                 prec.update(dict.fromkeys(g, c))
@@ -232,7 +234,7 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
             library_bf16_ms=round(bf16, 4) if bf16 is not None else None,
             trusted=t["trusted"], note=t["note"] + ("; bf16 taken back by the accuracy gate"
                                                    if k in fp32_only else ""),
-            quantized=quant))
+            quantized=quant, dynamic=onednn.is_dynamic(groups[gvs[0]])))
     return keep, prec, choices
 
 
@@ -291,6 +293,8 @@ def library_passes(target, cfg, build_with, quiet) -> list:
         no_int8 = onednn.int8_unavailable(host_cpu_features())
         if no_int8 and mod.get_attr(onednn.QDQ_WEIGHTS_ATTR):
             note(f"QDQ model: this host has {no_int8}")
+        elif no_int8 and onednn.has_integer_matmul(mod):
+            note(f"dynamically quantized model: this host has {no_int8}")
         part = onednn.partition(mod, int8=no_int8 is None)
         compute = tuple(cfg.library_compute)
         if "bf16" in compute and not host_has_bf16():

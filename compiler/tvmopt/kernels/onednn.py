@@ -330,6 +330,39 @@ class _QDQOperands(relax.PyExprMutator):
         return out
 
 
+@relax.expr_functor.mutator
+class _DynamicOperands(relax.PyExprMutator):
+    """Integer matmuls of a dynamically quantized model, each given a private copy of its
+    input's quantize -> widen -> minus zero point chain: onnxruntime quantizes an activation
+    once for all the matmuls reading it (Q, K and V of an attention block), and a fused group
+    may not share its intermediates. Copies the int8 patterns leave are merged again."""
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not _is(call, "relax.matmul") or str(call.attrs.out_dtype) != "int32":
+            return call
+        sub = _binding_of(self, call.args[0])
+        if not _is(sub, "relax.subtract"):
+            return call
+        wide, zp = (_binding_of(self, a) for a in sub.args)
+        if not (_is(wide, "relax.astype") and _is(zp, "relax.astype")):
+            return call
+        quant = _binding_of(self, wide.args[0])
+        if not _is(quant, "relax.quantize"):
+            return call
+        copy = lambda c, *args: relax.Call(c.op, list(args), c.attrs, c.ty_args)  # noqa: E731
+        q = copy(quant, *quant.args)
+        x = copy(sub, copy(wide, q), copy(zp, *zp.args))
+        return relax.Call(call.op, [x, call.args[1]], call.attrs, call.ty_args)
+
+
+def _private_dynamic(mod: tvm.IRModule) -> tvm.IRModule:
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = _DynamicOperands(mod).visit_expr(func)
+    return mod
+
+
 def _restore_qdq(mod: tvm.IRModule) -> tvm.IRModule:
     entries = mod.get_attr(QDQ_WEIGHTS_ATTR)
     if not entries:
@@ -482,6 +515,46 @@ def _qmatmul_patterns():
                              "gelu_tanh": "relax.nn.gelu_tanh"}[act])(out)
                 ann["act"], name = out, name + "_" + act
             pats.append((_PREFIX + name, out, ann))
+    return pats
+
+
+def _dynamic_input():
+    """ONNX DynamicQuantizeLinear + MatMulInteger's input side as imported: the activation
+    quantized to u8 with run-time (scale, zero point), widened to int32, minus the zero point."""
+    x, scale, zp = wildcard(), wildcard(), wildcard()
+    q = is_op("relax.quantize")(x, scale, zp)
+    d = is_op("relax.subtract")(is_op("relax.astype")(q), is_op("relax.astype")(zp))
+    return d, q, scale
+
+
+def _dqmatmul_patterns():
+    """MatMulInteger of a dynamically quantized activation and a constant int8 weight (widened
+    to int32, minus its zero point), cast to fp32, times x_scale * w_scale [+bias] [+act]."""
+    pats = []
+    for act in ("relu", "gelu", "gelu_tanh", None):
+        for bias in (True, False):
+            for wzp in (True, False):
+                d, q, scale = _dynamic_input()
+                w = is_const()
+                wzpc = is_const()
+                wq = is_op("relax.subtract")(w, is_op("relax.astype")(wzpc)) if wzp else w
+                mm = is_op("relax.matmul")(d, wq)
+                f = is_op("relax.astype")(mm)
+                sc = is_op("relax.multiply")(scale, is_const())
+                out = is_op("relax.multiply")(f, sc) | is_op("relax.multiply")(sc, f)
+                ann = {"matmul": mm, "quantize": q, "weight": w,
+                       "scales": sc, "scaled": out}
+                if wzp:
+                    ann["weight_zp"] = wzpc
+                name = "qmatmul_dynamic"
+                if bias:
+                    out = is_op("relax.add")(out, is_const()) | is_op("relax.add")(is_const(), out)
+                    ann["bias"], name = out, name + "_bias"
+                if act:
+                    out = is_op({"relu": "relax.nn.relu", "gelu": "relax.nn.gelu",
+                                 "gelu_tanh": "relax.nn.gelu_tanh"}[act])(out)
+                    ann["act"], name = out, name + "_" + act
+                pats.append((_PREFIX + name, out, ann))
     return pats
 
 
@@ -686,6 +759,39 @@ def _check_qmatmul(ctx) -> bool:
     return True
 
 
+def _int8_valued(arr) -> bool:
+    """An integer constant whose values an s8 tensor holds (the importer widens int8 weights)."""
+    return (arr is not None and arr.dtype.kind in "iu" and arr.size > 0
+            and arr.min() >= -128 and arr.max() <= 127)
+
+
+def _check_dqmatmul(ctx) -> bool:
+    if _leaks(ctx):
+        return False
+    ann = ctx.annotated_expr
+    mm, q = ann["matmul"], ann["quantize"]
+    # Static shapes, as the other patterns: the dispatch timing runs each kernel alone.
+    x_s = _static_f32_shape(q.args[0])
+    w = _const_array(ann["weight"])
+    if x_s is None or not 2 <= len(x_s) <= 4 or str(q.attrs.out_dtype) != "uint8":
+        return False
+    if not _int8_valued(w) or w.ndim != 2 or w.shape[0] != x_s[-1]:
+        return False
+    if "weight_zp" in ann:
+        wzp = _const_array(ann["weight_zp"])
+        if wzp is None or wzp.any():
+            return False  # a weight zero point other than 0 is not an s8 oneDNN weight
+    n = w.shape[1]
+    wscale = _const_array(_other_operand(ann["scales"], q.args[1], ctx))
+    if wscale is None or wscale.dtype != np.float32 or wscale.size not in (1, n):
+        return False
+    if "bias" in ann:
+        bias = _const_array(_other_operand(ann["bias"], ann["scaled"], ctx))
+        if bias is None or bias.dtype != np.float32 or bias.size != n:
+            return False
+    return str(mm.attrs.out_dtype) == "int32"
+
+
 # --------------------------------------------------------------------------------------------
 # Rewriting composite functions into call_dps_packed
 # --------------------------------------------------------------------------------------------
@@ -725,6 +831,8 @@ class _Lower(relax.PyExprMutator):
             return call
         env = {p: a for p, a in zip(func.params, call.args)}
         ops = _composite_ops(func)
+        if str(comp).startswith(_PREFIX + "qmatmul_dynamic"):
+            return self._dynamic(env, ops, call)
         if str(comp).startswith(_PREFIX + "q"):
             return self._quantized(env, ops, call)
         compute = COMPUTE[self.compute.get(call.op, "fp32")]
@@ -855,6 +963,38 @@ class _Lower(relax.PyExprMutator):
             attrs += [1, *out_q, post_relu]
         return relax.call_dps_packed(QCONV_FUNC, [*args, relax.ShapeExpr(attrs)], call.ty)
 
+    def _dynamic(self, env, ops, call):
+        """A qmatmul_dynamic composite -> qmatmul with the input's quantization computed in
+        the call (the graph's min/max -> scale chain outside becomes dead code)."""
+        const = lambda e: _const_array(self._resolve(env, e))  # noqa: E731
+        values = dict(ops)
+        quant = next(c for _, c in ops if c.op.name == "relax.quantize")
+        mm_var, mm = next((v, c) for v, c in ops if c.op.name == "relax.matmul")
+        w = values.get(mm.args[1], mm.args[1])
+        if isinstance(w, relax.Call):  # int32 weight minus its (zero) zero point
+            w = w.args[0]
+        weight = relax.const(const(w).astype(np.int8), "int8")
+        wscale = bias = None
+        act = ACT_NONE
+        for var, val in ops:
+            name = val.op.name
+            if name == "relax.multiply" and wscale is None and any(
+                    a.same_as(quant.args[1]) for a in val.args):
+                other = [a for a in val.args if not a.same_as(quant.args[1])][0]
+                wscale = const(other).reshape(-1).astype(np.float32)
+            elif name == "relax.add":
+                other = [a for a in val.args if _const_array(self._resolve(env, a)) is not None]
+                bias = relax.const(const(other[0]).reshape(-1).astype(np.float32), "float32")
+            elif name in ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh"):
+                act = {"relax.nn.relu": ACT_RELU, "relax.nn.gelu": ACT_GELU_ERF,
+                       "relax.nn.gelu_tanh": ACT_GELU_TANH}[name]
+        args = [self._resolve(env, quant.args[0]), weight, relax.const(wscale, "float32")]
+        if bias is not None:
+            args.append(bias)
+        # trans_b, has_bias, act, src signed / scale / zero point (unused), dynamic
+        attrs = [0, int(bias is not None), act, 0, 0, 0, 1]
+        return relax.call_dps_packed(QMATMUL_FUNC, [*args, relax.ShapeExpr(attrs)], call.ty)
+
     def _matmul(self, env, ops, call, compute):
         (mm_var, mm), rest = ops[0], ops[1:]
         args = [self._resolve(env, mm.args[0]), self._resolve(env, mm.args[1])]
@@ -932,6 +1072,20 @@ def _prepare(mod: tvm.IRModule, conv: bool, nhwc: bool) -> tvm.IRModule:
     return mod
 
 
+def has_integer_matmul(mod: tvm.IRModule) -> bool:
+    """The module has int32 matmuls (a dynamically quantized model's MatMulInteger)."""
+    found = []
+
+    def visit(e):
+        if _is(e, "relax.matmul") and str(e.attrs.out_dtype) == "int32":
+            found.append(e)
+
+    for f in mod.functions.values():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, visit)
+    return bool(found)
+
+
 def partition(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,
               nhwc: bool = False, int8: bool = False) -> tvm.IRModule:
     """Group every chain oneDNN can take into a composite function (one per call site), for
@@ -939,7 +1093,8 @@ def partition(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,
 
     Args:
         int8: group a QDQ model's quantized convolutions / matmuls (whose int8 weights
-            `record_qdq_weights` noted) for the int8 kernels; only for a CPU with one of
+            `record_qdq_weights` noted), and a dynamically quantized model's integer matmuls
+            (``qmatmul_dynamic*``), for the int8 kernels; only for a CPU with one of
             INT8_FEATURES. Those the int8 patterns do not take are offered to the fp32 ones.
     """
     mod = _prepare(mod, conv, nhwc)
@@ -957,6 +1112,14 @@ def partition(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,
         # of shared quantize/dequantize pairs merge again.
         mod = tvm.ir.transform.Sequential([relax.transform.FoldConstant(),
                                            relax.transform.EliminateCommonSubexpr(),
+                                           relax.transform.DeadCodeElimination()])(mod)
+    if int8 and matmul and has_integer_matmul(mod):
+        # onnxruntime quantize_dynamic models: MatMulInteger on a DynamicQuantizeLinear input.
+        mod = _private_dynamic(mod)
+        pats = [relax.transform.FusionPattern(n, p, ann, _check_dqmatmul)
+                for n, p, ann in _dqmatmul_patterns()]
+        mod = relax.transform.FuseOpsByPattern(pats, bind_constants=False)(mod)
+        mod = tvm.ir.transform.Sequential([relax.transform.EliminateCommonSubexpr(),
                                            relax.transform.DeadCodeElimination()])(mod)
     mod = strip_qdq_weights(mod)
     patterns = []
@@ -1027,6 +1190,11 @@ def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO,
 def is_quantized(func: relax.Function) -> bool:
     """A composite for the int8 kernels (qconv2d / qmatmul)."""
     return str(func.attrs.get("Composite", "")).startswith(_PREFIX + "q")
+
+
+def is_dynamic(func: relax.Function) -> bool:
+    """A composite for a dynamically quantized integer matmul (qmatmul_dynamic)."""
+    return str(func.attrs.get("Composite", "")).startswith(_PREFIX + "qmatmul_dynamic")
 
 
 def dispatch_onednn(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,

@@ -6,6 +6,8 @@
 //   tvmopt.onednn.matmul(a, b, [bias], attrs, out)
 //   tvmopt.onednn.qconv2d(data, weight_s8, weight_scales, [bias], [residual], attrs, out)
 //   tvmopt.onednn.qmatmul(a, b_s8, b_scales, [bias], attrs, out)
+//     (attrs kQMDynamic = 1: a's scale and zero point are computed in the call, as ONNX
+//     DynamicQuantizeLinear does, for onnxruntime's quantize_dynamic models)
 // R.call_dps_packed appends the output after all listed arguments, so attrs comes before out.
 // Optional inputs are present or absent according to flags in `attrs`, an int64 ffi Shape
 // (what R.shape([...]) becomes at run time) or an int64 tensor. Float attributes (clip bounds)
@@ -26,6 +28,8 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -86,8 +90,11 @@ enum QConvAttr {
   kQHasRes = kQConvBaseAttrs, kQOutSigned, kQOutScale, kQOutZp, kQPostRelu, kQConvNumAttrs
 };
 // Int8 matmul attrs (qmatmul): b is a constant s8 (K, N), or (N, K) with trans_b.
+// kQMDynamic (optional tail; older artifacts have kQMBaseAttrs entries, meaning 0): a is
+// quantized to u8 with a scale and zero point computed from its own min/max at every call
+// (ONNX DynamicQuantizeLinear), and kQMSrcScale / kQMSrcZp are unused.
 enum QMatmulAttr { kQMTransB, kQMHasBias, kQMAct, kQMSrcSigned, kQMSrcScale, kQMSrcZp,
-                   kQMNumAttrs };
+                   kQMBaseAttrs, kQMDynamic = kQMBaseAttrs, kQMNumAttrs };
 
 // Attrs of an older artifact lack the trailing compute entry: fp32.
 std::vector<int64_t> WithCompute(std::vector<int64_t> a, size_t n) {
@@ -766,12 +773,33 @@ void QConv2d(PackedArgs args, tvm::ffi::Any* rv) {
   RunQuant(e.get(), data, out, bias, b_md, residual);
 }
 
+// ONNX DynamicQuantizeLinear's parameters of x (u8), as onnxruntime computes them: the range
+// is widened to hold 0, scale = (max - min) / 255 (1 when the range is empty), and
+// zero_point = round_half_even(clamp(0 - min / scale, 0, 255)).
+void DynamicQuantParams(const float* x, int64_t n, float* scale, int32_t* zp) {
+  float mn = 0.f, mx = 0.f;
+  // One thread: a pass over an activation (~100k floats) takes microseconds, less than waking
+  // the OpenMP team for one more parallel region, which on a busy machine can wait a whole
+  // scheduler quantum for a preempted worker.
+#pragma omp simd reduction(min : mn) reduction(max : mx)
+  for (int64_t i = 0; i < n; ++i) {
+    mn = std::min(mn, x[i]);
+    mx = std::max(mx, x[i]);
+  }
+  float s = mx == mn ? 1.f : (mx - mn) / 255.f;
+  float z = std::max(0.f, std::min(255.f, 0.f - mn / s));
+  *scale = s;
+  *zp = static_cast<int32_t>(std::nearbyint(z));  // the default rounding mode: half to even
+}
+
 // a: (..., M, K) fp32, its batch dims folded into M; b: constant s8 (K, N) or (N, K).
 void QMatmul(PackedArgs args, tvm::ffi::Any* rv) {
   int n = args.size();
   TVM_FFI_ICHECK_GE(n, 5) << "qmatmul(a, b, b_scales, [bias], attrs, out)";
   std::vector<int64_t> at = ReadAttrs(args[n - 2]);
+  if (at.size() == static_cast<size_t>(kQMBaseAttrs)) at.resize(kQMNumAttrs, 0);
   TVM_FFI_ICHECK_EQ(at.size(), static_cast<size_t>(kQMNumAttrs)) << "bad qmatmul attrs";
+  bool dynamic = at[kQMDynamic] != 0;
   bool has_bias = at[kQMHasBias] != 0, trans_b = at[kQMTransB] != 0;
   TVM_FFI_ICHECK_EQ(n, 5 + has_bias) << "qmatmul arg count does not match attrs";
   TensorView A = args[0].cast<TensorView>();
@@ -804,10 +832,11 @@ void QMatmul(PackedArgs args, tvm::ffi::Any* rv) {
     e = it->second;
   } else {
     e = std::make_shared<QuantEntry>();
-    e->has_zp = at[kQMSrcZp] != 0;
+    // A dynamic call's zero point is known only at run time: always a primitive input.
+    e->has_zp = dynamic || at[kQMSrcZp] != 0;
     e->user_src_md = memory::desc(a_dims, dt::f32, tag::ab);
     e->user_dst_md = e->dst_md = memory::desc(o_dims, dt::f32, tag::ab);
-    memory::desc a_md(a_dims, at[kQMSrcSigned] ? dt::s8 : dt::u8, tag::ab);
+    memory::desc a_md(a_dims, at[kQMSrcSigned] && !dynamic ? dt::s8 : dt::u8, tag::ab);
     memory::desc b_any(b_dims, dt::s8, tag::any);
     memory::desc bias_md;
     if (has_bias) bias_md = memory::desc({1, N}, dt::f32, tag::ab);
@@ -830,6 +859,12 @@ void QMatmul(PackedArgs args, tvm::ffi::Any* rv) {
     SetQuantParams(e.get(), rt.eng, at[kQMSrcScale], at[kQMSrcZp], bscales);
     e->fingerprint = std::move(fp);
     g_quant_cache[key] = e;
+  }
+  if (dynamic) {
+    // The scale and zero point memories feed both the quantizing reorder and the matmul.
+    DynamicQuantParams(static_cast<const float*>(DataPtr(A)), A.numel(),
+                       static_cast<float*>(e->src_scale.get_data_handle()),
+                       static_cast<int32_t*>(e->src_zp.get_data_handle()));
   }
   RunQuant(e.get(), A, out, bias, memory::desc({1, N}, dt::f32, tag::ab));
 }

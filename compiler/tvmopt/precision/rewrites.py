@@ -38,9 +38,10 @@ def _int8_matmul_te(x, wq_t, scale):
     return te.compute((m, n), lambda i, j: acc[i, j] * scale[j], name="dequant_scale")
 
 
-def _rewrite_calls(mod, ops: tuple[str, ...], rewrite):
+def _rewrite_calls(mod, ops: tuple[str, ...], rewrite, lookup: bool = False):
     """Apply `rewrite(builder, call) -> Expr | None` (None: keep) to every call of the Relax ops
-    named in `ops`, in every Relax function of `mod`."""
+    named in `ops`, in every Relax function of `mod`. With `lookup`, rewrite is called as
+    rewrite(builder, call, bound), bound(var) giving the value bound to a var (or None)."""
     import tvm
     from tvm import relax
 
@@ -49,10 +50,19 @@ def _rewrite_calls(mod, ops: tuple[str, ...], rewrite):
         def visit_call_(self, call):
             call = super().visit_call_(call)
             if isinstance(call.op, tvm.ir.Op) and call.op.name in ops:
-                new = rewrite(self.builder_, call)
+                new = (rewrite(self.builder_, call, self._bound) if lookup
+                       else rewrite(self.builder_, call))
                 if new is not None:
                     return new
             return call
+
+        def _bound(self, e):
+            if not isinstance(e, relax.Var):
+                return None
+            try:
+                return self.lookup_binding(e)
+            except Exception:  # noqa: BLE001 - a parameter: not bound in the function
+                return None
 
     rw = Rewrite(mod)
     for gv, func in mod.functions.items():
@@ -95,13 +105,48 @@ def int8_weight_pass(hw: HardwareTarget, force: bool = False, wins=None):
     return transform
 
 
-def integer_matmul_to_fp32_pass():
-    """Compute int32 matmuls in fp32 (exact while sums stay below 2^24; rounded back to int32)."""
+def _is_op(e, name) -> bool:
     import tvm
     from tvm import relax
 
-    def rewrite(builder, call):
+    return isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == name
+
+
+def _dynamic_int8_matmul(call, bound) -> bool:
+    """MatMulInteger of a DynamicQuantizeLinear input and a constant weight that fits int8, as
+    imported: what the oneDNN int8 library kernels take (kernels.onednn qmatmul_dynamic)."""
+    import tvm
+
+    sub = bound(call.args[0])
+    if not _is_op(sub, "relax.subtract"):
+        return False
+    wide = bound(sub.args[0])
+    if not (_is_op(wide, "relax.astype") and _is_op(bound(wide.args[0]), "relax.quantize")):
+        return False
+    w = call.args[1]
+    if _is_op(bound(w), "relax.subtract"):  # the weight minus its zero point
+        w = bound(w).args[0]
+    value = getattr(w, "value", None)  # TVM 0.27's GenericConst holds a Tensor .value
+    if not isinstance(value, tvm.runtime.Tensor):
+        return False
+    arr = value.numpy()
+    return arr.dtype.kind in "iu" and arr.size > 0 and arr.min() >= -128 and arr.max() <= 127
+
+
+def integer_matmul_to_fp32_pass(keep_library_int8: bool = False):
+    """Compute int32 matmuls in fp32 (exact while sums stay below 2^24; rounded back to int32).
+
+    Args:
+        keep_library_int8: leave integer the matmuls oneDNN's int8 kernels take (dynamically
+            quantized ones with an int8 weight), for the dispatch phase after this one.
+    """
+    import tvm
+    from tvm import relax
+
+    def rewrite(builder, call, bound=None):
         if str(call.attrs.out_dtype) != "int32":
+            return None
+        if keep_library_int8 and _dynamic_int8_matmul(call, bound):
             return None
         a, b = (relax.op.astype(v, "float32") for v in call.args)
         y = relax.op.matmul(a, b, out_dtype="float32")
@@ -109,7 +154,7 @@ def integer_matmul_to_fp32_pass():
 
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.IntegerMatmulToFP32")
     def transform(mod, _ctx):
-        return _rewrite_calls(mod, ("relax.matmul",), rewrite)
+        return _rewrite_calls(mod, ("relax.matmul",), rewrite, lookup=keep_library_int8)
 
     return transform
 

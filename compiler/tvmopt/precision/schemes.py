@@ -117,10 +117,27 @@ class IntegerMatmul(Scheme):
         return None
 
     def consider(self, ctx):
-        if ctx.done or not any(k.integer_matmul for k in ctx.kernels):
+        # A dynamically quantized model's integer matmuls that oneDNN's int8 kernels took are
+        # library calls by now: the Choice list reports them, the kernels no longer do.
+        offered = [c for c in ctx.library if getattr(c, "dynamic", False)]
+        if ctx.done or not (offered or any(k.integer_matmul for k in ctx.kernels)):
             return
         hw, requested = ctx.hw, ctx.requested
         ctx.done = True
+        chosen = [c for c in offered if c.choice == "library" and c.precision == "int8"]
+        if chosen:
+            dot = ", ".join(hw.fast_instructions("int8")) or "no int8 dot-product instructions"
+            sites = sum(c.sites for c in chosen)
+            ctx.model_precision = "int8"
+            ctx.decide("int8", "chosen", f"dynamically quantized model: int8 compute chosen for "
+                       f"{len(chosen)} of {len(offered)} integer matmul library workload(s) "
+                       f"({sites} call site(s), oneDNN int8 kernels quantizing their input at "
+                       f"run time; {hw.name} has {dot}), each where it timed faster than "
+                       "codegen; the other integer matmuls are computed in fp32")
+            for k in ctx.kernels:
+                if k.integer_matmul:
+                    k.why = "integer matmul left to codegen: computed in fp32"
+            return
         fp32_total = ctx.total(lambda k: "fp32")
         int_total = ctx.total(lambda k: "int8" if k.integer_matmul else "fp32")
         if requested not in ("auto", "int8"):
@@ -159,7 +176,11 @@ class IntegerMatmul(Scheme):
         from .rewrites import integer_matmul_to_fp32_pass
 
         if any(k.integer_matmul and k.precision != "int8" for k in plan.kernels):
-            return [integer_matmul_to_fp32_pass()]
+            # With int8 library kernels chosen, the matmuls they take stay integer for them.
+            on_library = any(d.precision == "int8" and d.action == "chosen"
+                             and d.reason.startswith("dynamically quantized")
+                             for d in plan.decisions)
+            return [integer_matmul_to_fp32_pass(keep_library_int8=on_library)]
         return []
 
 
@@ -170,7 +191,8 @@ class FakeQuant(Scheme):
     def consider(self, ctx):
         # The int8 library calls absorb the quantize/dequantize pairs around them: a model
         # whose every pair went into one still is a QDQ model.
-        offered = [c for c in ctx.library if getattr(c, "quantized", False)]
+        offered = [c for c in ctx.library if getattr(c, "quantized", False)
+                   and not getattr(c, "dynamic", False)]
         if ctx.done or not (offered or any(k.fake_quant for k in ctx.kernels)):
             return
         ctx.done = True

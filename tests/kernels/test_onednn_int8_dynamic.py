@@ -1,0 +1,179 @@
+"""oneDNN int8 kernels for dynamically quantized models (onnxruntime `quantize_dynamic`:
+DynamicQuantizeLinear + MatMulInteger + Mul by the scales + Add of the bias): each integer
+matmul becomes one int8 packed call that quantizes its input at run time, as
+DynamicQuantizeLinear does, and matches onnxruntime on the same model; the precision
+decision reports int8 chosen for those library workloads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from tests.models import quantized_mlp
+
+od = pytest.importorskip("tvmopt.kernels.onednn")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def int8_host():
+    from tvmopt.targets.registry import host_cpu_features
+
+    why = od.int8_unavailable(host_cpu_features())
+    if why:
+        pytest.skip(f"this host has {why}")
+    try:
+        od.load_extension()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"oneDNN extension unavailable here: {err}")
+
+
+@pytest.fixture(scope="module")
+def qmodel(tmp_path_factory):
+    return quantized_mlp(tmp_path_factory.mktemp("dyn"))
+
+
+def _gpt_block(path) -> str:
+    """A GPT-style block (LayerNorm, Q/K/V projections reading one input, attention, output
+    projection + residual, GELU MLP), quantized by quantize_dynamic: one DynamicQuantizeLinear
+    feeds three MatMulIntegers."""
+    import logging
+
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self, d=64):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(d)
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+            self.fc, self.proj = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            h = self.ln(x)
+            q, k, v = self.q(h), self.k(h), self.v(h)
+            a = torch.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1) @ v
+            x = x + self.o(a)
+            return x + self.proj(torch.nn.functional.gelu(self.fc(x)))
+
+    src = str(path / "block.onnx")
+    torch.onnx.export(Block().eval(), (torch.randn(1, 16, 64),), src, input_names=["x"],
+                      output_names=["y"], opset_version=17, dynamo=False)
+    out = str(path / "block_int8.onnx")
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_dynamic(src, out, weight_type=QuantType.QInt8)
+    return out
+
+
+def _compile(path, dispatch, shapes=None):
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.in_memory import host_target
+
+    target = host_target().to_tvm()
+    cfg = pipeline.PipelineConfig(dispatch=dispatch)
+    mod = pipeline.optimize(import_onnx(onnx.load(path), shapes).mod, target, cfg, until="dispatch")
+    return mod, pipeline.build(mod, target, cfg=cfg, start_after="dispatch"), cfg
+
+
+def _check_against_onnxruntime(path, ex, x):
+    import tvm
+    from tvm import relax
+
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for _ in range(2):  # the second run hits the cached primitive and reordered weights
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        # Same int8 products and scales as onnxruntime; only fp32 summation order differs
+        # (and a rounding tie may move one input one quantization step).
+        np.testing.assert_allclose(got, ref, rtol=0, atol=2e-2 * np.abs(ref).max())
+    return got, ref
+
+
+def test_mlp_integer_matmuls_are_int8_calls_and_match_onnxruntime(qmodel):
+    mod, ex, cfg = _compile(qmodel, "library", {"x": (4, 64)})
+    text = mod.script(show_meta=False)
+    assert text.count(f'R.call_dps_packed("{od.QMATMUL_FUNC}"') == 2
+    assert 'R.matmul(' not in text and "R.quantize(" not in text  # min/max chain gone too
+    assert all(c.dynamic and c.quantized and c.precision == "int8"
+               for c in cfg.dispatch_choices)
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    got, ref = _check_against_onnxruntime(qmodel, ex, x)
+    assert np.abs(got - ref).max() < 1e-4  # an MLP's ties are rare: the same numbers
+
+
+def test_gpt_block_shares_one_quantized_input_between_three_int8_calls(tmp_path):
+    pytest.importorskip("torch")
+    path = _gpt_block(tmp_path)
+    n_int = sum(n.op_type == "MatMulInteger" for n in onnx.load(path).graph.node)
+    mod, ex, _ = _compile(path, "library")
+    text = mod.script(show_meta=False)
+    assert text.count(f'R.call_dps_packed("{od.QMATMUL_FUNC}"') == n_int == 6
+    x = np.random.default_rng(1).standard_normal((1, 16, 64)).astype(np.float32)
+    _check_against_onnxruntime(path, ex, x)
+
+
+def test_decision_reports_int8_chosen_for_the_dynamic_library_workloads(qmodel, tmp_path):
+    from tvmopt.interface.compile import CompileOptions, compile_model
+
+    logs = []
+    res = compile_model(CompileOptions(model=qmodel, target="host", output=str(tmp_path / "a"),
+                                       dispatch="library", shapes={"x": (4, 64)},
+                                       verify=True), log=logs.append)
+    prec = res.artifact.manifest["precision"]
+    (d,) = [d for d in prec["decisions"] if d["precision"] == "int8"]
+    assert d["action"] == "chosen"
+    assert "int8 compute chosen for 2 of 2 integer matmul library workload(s)" in d["reason"]
+    # Every integer matmul went to the library: nothing is left for the fp32 rewrite.
+    assert "tvmopt.IntegerMatmulToFP32" not in res.artifact.manifest["passes"]["precision"]
+    assert res.verification and all(e.mismatched == 0 for e in res.verification)
+
+
+def test_scheme_text_counts_library_and_codegen_workloads():
+    from tvmopt.kernels.dispatch import Choice
+    from tvmopt.precision.schemes import SCHEMES, Context
+    from tvmopt.targets.registry import get_target
+
+    hw = get_target("x86-sapphirerapids")
+    lib = [Choice("qmatmul_dynamic_bias|a", 3, "library", 0.1, 0.3, precision="int8",
+                  quantized=True, dynamic=True),
+           Choice("qmatmul_dynamic_bias|b", 1, "codegen", 0.3, 0.2, quantized=True,
+                  dynamic=True)]
+    ctx = Context(hw, [], "auto", library=lib)
+    SCHEMES["int8-integer"].consider(ctx)
+    (d,) = ctx.decisions
+    assert d.action == "chosen" and d.precision == "int8" and ctx.model_precision == "int8"
+    assert "chosen for 1 of 2 integer matmul" in d.reason and "3 call site(s)" in d.reason
+    ctx = Context(hw, [], "auto", library=lib)
+    SCHEMES["int8-qdq"].consider(ctx)  # not a QDQ model: the QDQ scheme stays silent
+    assert not ctx.decisions
+
+
+def test_without_vnni_integer_matmuls_stay_off_the_int8_kernels(qmodel, monkeypatch):
+    from tvmopt.targets import registry
+
+    monkeypatch.setattr(registry, "host_cpu_features", lambda: {"avx2", "fma"})
+    mod, _, cfg = _compile(qmodel, "library", {"x": (4, 64)})
+    assert od.QMATMUL_FUNC not in mod.script(show_meta=False)
+    assert any("dynamically quantized model" in n and "int8 dot-product" in n
+               for n in cfg.notes)
+
+
+def test_fp32_rewrite_leaves_the_int8_library_matmuls_integer(qmodel):
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.precision.rewrites import integer_matmul_to_fp32_pass
+    from tvmopt.runtime.in_memory import host_target
+
+    def int32_matmuls(keep):
+        cfg = pipeline.PipelineConfig(dispatch="library",
+                                      precision_passes=[integer_matmul_to_fp32_pass(keep)])
+        mod = pipeline.optimize(import_onnx(onnx.load(qmodel), {"x": (4, 64)}).mod,
+                                host_target().to_tvm(), cfg, until="precision")
+        return mod.script(show_meta=False).count('out_dtype="int32"')
+
+    assert int32_matmuls(False) == 0 and int32_matmuls(True) == 2
