@@ -24,11 +24,15 @@ from tvm.relax.transform.legalize_ops.common import _try_convert_to_scalar_const
 
 
 def _nan_safe_clip_cast(val, dtype: str):
+    # max before min: TIR's max/min compile to a select on an ordered comparison, which is
+    # false for NaN, so max(NaN, lo) is lo and the clip then keeps it (TVM's min-then-max order
+    # turned NaN into hi). `val` appears once: an isnan(val) test beside the clip doubled the
+    # expression at every quantize inlined into the next, and back-to-back QDQ pairs made
+    # scheduling a fused kernel exponential.
     lo, hi = tvm.tirx.min_value(dtype), tvm.tirx.max_value(dtype)
-    clipped = te.max(te.min(val, hi), lo)
-    if not str(val.ty).startswith(("float", "bfloat")):
-        return clipped.astype(dtype)
-    return tvm.tirx.if_then_else(tvm.tirx.isnan(val), lo, clipped.astype(dtype))
+    if str(val.ty).startswith(("float", "bfloat")):
+        lo, hi = lo.astype(str(val.ty)), hi.astype(str(val.ty))
+    return te.min(te.max(val, lo), hi).astype(dtype)
 
 
 def _param(p, indices, axis):
