@@ -14,20 +14,9 @@ import pytest
 
 from tests.models import quantized_mlp
 
-od = pytest.importorskip("tvmopt.kernels.onednn")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def int8_host():
-    from tvmopt.targets.registry import host_cpu_features
-
-    why = od.int8_unavailable(host_cpu_features())
-    if why:
-        pytest.skip(f"this host has {why}")
-    try:
-        od.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
+# The QDQ tests' module fixture: skip, naming what is missing, on a host without VNNI /
+# AMX-INT8 or without the oneDNN extension.
+from .test_onednn_int8 import int8_host, od  # noqa: F401
 
 
 @pytest.fixture(scope="module")

@@ -294,6 +294,21 @@ bool SameFingerprint(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// The cached entry for `key`, or a new one from `create()` when there is none or the weight at
+// that address has other contents now (see Fingerprint). Called with g_mu held.
+template <typename Entry, typename T, typename Create>
+std::shared_ptr<Entry> Cached(std::unordered_map<std::string, std::shared_ptr<Entry>>* cache,
+                              const std::string& key, const T* weight, int64_t n,
+                              Create create) {
+  auto fp = Fingerprint(weight, n);
+  auto it = cache->find(key);
+  if (it != cache->end() && SameFingerprint(it->second->fingerprint, fp)) return it->second;
+  std::shared_ptr<Entry> e = create();
+  e->fingerprint = std::move(fp);
+  (*cache)[key] = e;
+  return e;
+}
+
 std::string MakeKey(const char* op, const void* wptr, const std::vector<int64_t>& attrs,
                     std::initializer_list<memory::dims> shapes) {
   std::ostringstream os;
@@ -439,16 +454,9 @@ void Conv2d(PackedArgs args, tvm::ffi::Any* rv) {
   Runtime& rt = GetRuntime();
   const float* wptr = static_cast<const float*>(DataPtr(weight));
   std::string key = MakeKey("conv", wptr, a, {Dims(data), Dims(weight), Dims(out)});
-  auto fp = Fingerprint(wptr, weight.numel());
-  auto it = g_conv_cache.find(key);
-  std::shared_ptr<ConvEntry> e;
-  if (it != g_conv_cache.end() && SameFingerprint(it->second->fingerprint, fp)) {
-    e = it->second;
-  } else {
-    e = CreateConv(data, weight, out, a, has_bias);
-    e->fingerprint = std::move(fp);
-    g_conv_cache[key] = e;
-  }
+  std::shared_ptr<ConvEntry> e = Cached(&g_conv_cache, key, wptr, weight.numel(), [&] {
+    return CreateConv(data, weight, out, a, has_bias);
+  });
 
   memory user_src(e->user_src_md, rt.eng, DataPtr(data));
   memory user_dst(e->user_dst_md, rt.eng, DataPtr(out));
@@ -523,13 +531,8 @@ void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
   Runtime& rt = GetRuntime();
   const float* bptr = static_cast<const float*>(DataPtr(B));
   std::string key = MakeKey("matmul", bptr, at, {a_dims, b_dims, o_dims});
-  auto fp = Fingerprint(bptr, B.numel());
-  auto it = g_matmul_cache.find(key);
-  std::shared_ptr<MatmulEntry> e;
-  if (it != g_matmul_cache.end() && SameFingerprint(it->second->fingerprint, fp)) {
-    e = it->second;
-  } else {
-    e = std::make_shared<MatmulEntry>();
+  std::shared_ptr<MatmulEntry> e = Cached(&g_matmul_cache, key, bptr, B.numel(), [&] {
+    auto e = std::make_shared<MatmulEntry>();
     // Plain strides describe a transposed b without copying it.
     memory::dims b_strides(nd);
     b_strides[nd - 2] = trans_b ? 1 : N;
@@ -564,9 +567,8 @@ void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
     e->weights = memory(pd.weights_desc(), rt.eng);
     dnnl::reorder(user_b, e->weights).execute(rt.strm, user_b, e->weights);
     rt.strm.wait();
-    e->fingerprint = std::move(fp);
-    g_matmul_cache[key] = e;
-  }
+    return e;
+  });
   memory a_mem(e->user_a_md, rt.eng, DataPtr(A));
   if (e->convert_a) {
     dnnl::reorder(a_mem, e->a_buf).execute(rt.strm, a_mem, e->a_buf);
@@ -758,16 +760,9 @@ void QConv2d(PackedArgs args, tvm::ffi::Any* rv) {
   ApplyThreads();
   const int8_t* wptr = static_cast<const int8_t*>(DataPtr(weight));
   std::string key = MakeKey("qconv", wptr, a, {Dims(data), Dims(weight), Dims(out)});
-  auto fp = Fingerprint(wptr, weight.numel());
-  auto it = g_quant_cache.find(key);
-  std::shared_ptr<QuantEntry> e;
-  if (it != g_quant_cache.end() && SameFingerprint(it->second->fingerprint, fp)) {
-    e = it->second;
-  } else {
-    e = CreateQConv(data, weight, wscales, out, a);
-    e->fingerprint = std::move(fp);
-    g_quant_cache[key] = e;
-  }
+  std::shared_ptr<QuantEntry> e = Cached(&g_quant_cache, key, wptr, weight.numel(), [&] {
+    return CreateQConv(data, weight, wscales, out, a);
+  });
   memory::desc b_md;
   if (has_bias) b_md = memory::desc({bias->numel()}, dt::f32, tag::x);
   RunQuant(e.get(), data, out, bias, b_md, residual);
@@ -825,13 +820,8 @@ void QMatmul(PackedArgs args, tvm::ffi::Any* rv) {
   Runtime& rt = GetRuntime();
   const int8_t* bptr = static_cast<const int8_t*>(DataPtr(B));
   std::string key = MakeKey("qmatmul", bptr, at, {a_dims, b_dims});
-  auto fp = Fingerprint(bptr, B.numel());
-  auto it = g_quant_cache.find(key);
-  std::shared_ptr<QuantEntry> e;
-  if (it != g_quant_cache.end() && SameFingerprint(it->second->fingerprint, fp)) {
-    e = it->second;
-  } else {
-    e = std::make_shared<QuantEntry>();
+  std::shared_ptr<QuantEntry> e = Cached(&g_quant_cache, key, bptr, B.numel(), [&] {
+    auto e = std::make_shared<QuantEntry>();
     // A dynamic call's zero point is known only at run time: always a primitive input.
     e->has_zp = dynamic || at[kQMSrcZp] != 0;
     e->user_src_md = memory::desc(a_dims, dt::f32, tag::ab);
@@ -857,9 +847,8 @@ void QMatmul(PackedArgs args, tvm::ffi::Any* rv) {
     dnnl::reorder(user_b, e->weights).execute(rt.strm, user_b, e->weights);
     rt.strm.wait();
     SetQuantParams(e.get(), rt.eng, at[kQMSrcScale], at[kQMSrcZp], bscales);
-    e->fingerprint = std::move(fp);
-    g_quant_cache[key] = e;
-  }
+    return e;
+  });
   if (dynamic) {
     // The scale and zero point memories feed both the quantizing reorder and the matmul.
     DynamicQuantParams(static_cast<const float*>(DataPtr(A)), A.numel(),
