@@ -620,15 +620,21 @@ def _clip_bounds(call, ctx) -> tuple[float, float] | None:
     return lo, hi
 
 
+# The activation/weight layouts the extension's convolutions take.
+_CONV_LAYOUTS = (("NCHW", "OIHW", "NCHW"), ("NHWC", "OHWI", "NHWC"), ("NHWC", "HWIO", "NHWC"))
+
+
+def _conv_layouts_ok(attrs) -> bool:
+    return (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) in _CONV_LAYOUTS
+
+
 def _check_conv(ctx) -> bool:
     if _leaks(ctx):
         return False
     ann = ctx.annotated_expr
     conv = ann["conv"]
     a = conv.attrs
-    layouts = (a.data_layout, a.kernel_layout, a.out_layout)
-    if layouts not in (("NCHW", "OIHW", "NCHW"), ("NHWC", "OHWI", "NHWC"),
-                       ("NHWC", "HWIO", "NHWC")):
+    if not _conv_layouts_ok(a):
         return False
     if a.out_dtype not in (None, "", "float32"):
         return False
@@ -707,9 +713,7 @@ def _check_qconv(ctx) -> bool:
     ann = ctx.annotated_expr
     conv = ann["conv"]
     a = conv.attrs
-    layouts = (a.data_layout, a.kernel_layout, a.out_layout)
-    if layouts not in (("NCHW", "OIHW", "NCHW"), ("NHWC", "OHWI", "NHWC"),
-                       ("NHWC", "HWIO", "NHWC")):
+    if not _conv_layouts_ok(a):
         return False
     if a.out_dtype not in (None, "", "float32") or not _qdq_pair_ok(ann):
         return False
