@@ -90,16 +90,20 @@ def test_arm_plan_picks_weight_only_int8_for_gemv(tmp_path):
 
 
 def test_explicit_int8_accuracy_report_and_max_error(tmp_path):
+    # Default schedules only: weight-only int8 is a codegen scheme, and oneDNN (which takes
+    # the dense layers under the default dispatch, symbolic batch included) runs fp32 weights.
     model = mlp_file(tmp_path / "m.onnx")
     res = compile_model(CompileOptions(model=model, target="x86", output=str(tmp_path / "a"),
-                                       precision="int8"), log=lambda s: None)
+                                       precision="int8", dispatch="codegen"),
+                        log=lambda s: None)
     acc = res.artifact.manifest["precision"]["accuracy"]
     err = acc["outputs"][0]
     assert res.artifact.manifest["precision"]["default"] == "int8_weight"
     assert 0 < err["max_abs"] < 0.05 and err["mean_abs"] <= err["max_abs"]
     with pytest.raises(VerificationError, match="max-error"):
         compile_model(CompileOptions(model=model, target="x86", output=str(tmp_path / "b"),
-                                     precision="int8", max_error=1e-6), log=lambda s: None)
+                                     precision="int8", max_error=1e-6, dispatch="codegen"),
+                      log=lambda s: None)
 
 
 @pytest.mark.parametrize("target,expect", [("x86", "fp32"), ("cuda", "fp16"), ("arm", "int8_weight")])

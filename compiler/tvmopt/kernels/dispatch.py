@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import fallbacks
 from ..errors import error_line
-from .timing import TimingCache, cache_key, measure_call, random_inputs
+from .timing import TimingCache, cache_key, measure_call, random_inputs, timing_dims
 
 MARGIN = 0.95  # library chosen when library_ms < MARGIN * codegen_ms
 
@@ -92,6 +92,19 @@ def _kernel_function(func, args):
     return relax.transform.FoldConstant()(tvm.IRModule({"f": plain.bind_params(binds)}))["f"]
 
 
+def _shape_params_first(func):
+    """`func` with its shape params (the symbolic dims a fused function is passed) first: a
+    function checks its params in order, and a tensor param shaped by an expression of those
+    dims (batch * seq) can only be checked once they are defined."""
+    from tvm import relax
+
+    shapes = [p for p in func.params if isinstance(p.ty, relax.ShapeType)]
+    if not shapes:
+        return func
+    rest = [p for p in func.params if not isinstance(p.ty, relax.ShapeType)]
+    return relax.Function([*shapes, *rest], func.body, func.ret_ty, func.is_pure, func.attrs)
+
+
 def _loaded_like_an_artifact(executable, folder: str, name: str):
     """A side as an artifact with oneDNN kernels runs it: exported, then loaded as
     `runtime.load` does, its TVM kernels on oneDNN's OpenMP team. Both sides are timed so:
@@ -106,7 +119,7 @@ def _loaded_like_an_artifact(executable, folder: str, name: str):
 
 def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | None = None,
            cache: TimingCache | None = None, compute: tuple[str, ...] = ("fp32",),
-           fp32_only=frozenset()):
+           fp32_only=frozenset(), bounds: dict | None = None):
     """Decide, per oneDNN group of `mod` (from onednn.partition), library or codegen, and the
     library call's compute precision.
 
@@ -122,6 +135,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
         compute: the library's compute precisions that may be chosen ("fp32", "bf16"); each is
             timed and the fastest kept.
         fp32_only: workload keys that must stay fp32 (the accuracy gate took bf16 back).
+        bounds: symbolic dim name -> (lo, hi): a kernel with symbolic dims is timed at the
+            values `timing.timing_dims` picks from them (one choice for every value).
 
     Returns:
         (GlobalVars to keep as library calls, GlobalVar -> compute precision of each kept one,
@@ -159,13 +174,19 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
 
     cache = cache or TimingCache()
     target_text = str(target)
+    dims = {k: timing_dims(groups[g[0]], bounds or {}) for k, g in by_key.items()}
+
+    def key_of(k):
+        at = ",".join(f"{n}={v}" for n, v in dims[k].items())
+        return cache_key(k + (f"@{at}" if at else ""), target_text, ext_id)
+
     lib_fields = {"fp32": "library_ms", "bf16": "library_bf16_ms"}
     # fp32 is always timed: it is what a kernel the accuracy gate takes back from bf16 runs.
     timed_compute = tuple(dict.fromkeys(("fp32", *compute)))
     fields = ("codegen_ms", "codegen_by", *(lib_fields[c] for c in timed_compute))
     timed, todo = {}, []
     for k in by_key:
-        hit = cache.get(cache_key(k, target_text, ext_id), fields)
+        hit = cache.get(key_of(k), fields)
         if hit is not None:
             timed[k] = {**dict(zip(fields, hit)), "cached": True, "trusted": True, "note": ""}
         else:
@@ -176,19 +197,29 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
         rng = np.random.default_rng(0)
         for i, k in enumerate(todo):
             gv = by_key[k][0]
-            func = _kernel_function(groups[gv], sites[gv][0])
+            func = _shape_params_first(_kernel_function(groups[gv], sites[gv][0]))
             name = f"tvmopt_kernel_{i}"
             cg_mod[name] = func.with_attr("global_symbol", name)
             params = [relax.Var(p.name, p.ty) for p in func.params]
             lib_mod[gv] = groups[gv]
             bound = dict(zip(groups[gv].params, sites[gv][0]))
-            call_args, it = [], iter(params)
+            # The wrapper's params in func's order: shape params first, then the tensors.
+            shape_it = iter([p for p in params if isinstance(p.ty, relax.ShapeType)])
+            tensor_it = iter([p for p in params if not isinstance(p.ty, relax.ShapeType)])
+            call_args = []
             for p in groups[gv].params:
                 a = bound[p]
-                call_args.append(a if not isinstance(a, relax.Var) else next(it))
-            lib_mod[name] = relax.Function(params, relax.Call(gv, call_args), func.ret_ty) \
-                .with_attr("global_symbol", name)
-            feeds[name] = random_inputs(func, rng)
+                if isinstance(p.ty, relax.ShapeType):  # the dims, in the wrapper's own vars
+                    call_args.append(next(shape_it))
+                else:
+                    call_args.append(a if not isinstance(a, relax.Var) else next(tensor_it))
+            # Built through a BlockBuilder so the call's type is inferred in the wrapper's own
+            # symbolic dims (the composite's are its private copies).
+            bb = relax.BlockBuilder(lib_mod)
+            with bb.function(name, params, {"global_symbol": name}):
+                bb.emit_func_output(bb.emit(relax.Call(gv, call_args)))
+            lib_mod = bb.get()
+            feeds[name] = random_inputs(func, rng, dims[k])
         dev = tvm.cpu()
         with tempfile.TemporaryDirectory(prefix="tvmopt-dispatch-") as tmp:
             vm_cg = {by: relax.VirtualMachine(
@@ -199,7 +230,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
                 for c in timed_compute}
             for i, k in enumerate(todo):
                 name = f"tvmopt_kernel_{i}"
-                inputs = [tvm.runtime.tensor(a, dev) for a in feeds[name]]
+                inputs = [tvm.runtime.tensor(a, dev) if isinstance(a, np.ndarray) else a
+                          for a in feeds[name]]
                 ms = {lib_fields[c]: measure_call(vm, name, inputs) for c, vm in vm_lib.items()}
                 cg = min(((measure_call(vm, name, inputs), by) for by, vm in vm_cg.items()),
                          key=lambda mb: mb[0].ms)
@@ -210,7 +242,7 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
                 timed[k] = {**entry, "cached": False, "trusted": not bad,
                             "note": f"not cached: {bad[0].why_untrusted()}" if bad else ""}
                 if not bad:
-                    cache.put(cache_key(k, target_text, ext_id), k, **entry)
+                    cache.put(key_of(k), k, **entry)
         cache.save()
     keep, prec, choices = set(), {}, []
     for k, gvs in by_key.items():
@@ -232,8 +264,10 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
             "faster by timing" if use_lib else "codegen as fast or faster", t["codegen_by"],
             precision=best if use_lib else "fp32",
             library_bf16_ms=round(bf16, 4) if bf16 is not None else None,
-            trusted=t["trusted"], note=t["note"] + ("; bf16 taken back by the accuracy gate"
-                                                   if k in fp32_only else ""),
+            trusted=t["trusted"], note="; ".join(filter(None, [
+                t["note"], "bf16 taken back by the accuracy gate" if k in fp32_only else "",
+                "timed at " + ", ".join(f"{n}={v}" for n, v in dims[k].items())
+                if dims[k] else ""])),
             quantized=quant, dynamic=onednn.is_dynamic(groups[gvs[0]])))
     return keep, prec, choices
 
@@ -316,7 +350,7 @@ def library_passes(target, cfg, build_with, quiet) -> list:
                 ext_id=":".join(filter(None, [onednn.extension_id(), cfg.database_id])),
                 force="library" if cfg.dispatch == "library" else None,
                 cache=TimingCache(read=not cfg.retime), compute=compute,
-                fp32_only=cfg.fp32_only)
+                fp32_only=cfg.fp32_only, bounds=_dim_bounds(mod, cfg.dim_upper_bounds))
         untrusted = [c for c in cfg.dispatch_choices if not c.trusted]
         if untrusted:
             note(f"{len(untrusted)} kernel timing(s) taken on a busy or noisy machine were not "
@@ -325,6 +359,22 @@ def library_passes(target, cfg, build_with, quiet) -> list:
         return onednn.lower(part, keep, compute=precision_of)
 
     return [dispatch]
+
+
+def _dim_bounds(mod, upper: dict) -> dict[str, tuple[int, int]]:
+    """Symbolic dim name -> (lo, hi): the program's own bounds (a `.pt2`'s range constraints),
+    then the user's `--dim` upper bounds over them."""
+    from tvm import relax
+
+    bounds = {}
+    for f in mod.functions.values():
+        if isinstance(f, relax.Function) and f.attrs is not None:
+            lower = dict(f.attrs.get("tir_var_lower_bound") or {})
+            for k, v in dict(f.attrs.get("tir_var_upper_bound") or {}).items():
+                bounds[str(k)] = (int(lower.get(k, 1)), int(v))
+    for k, hi in (upper or {}).items():
+        bounds[k] = (bounds.get(k, (1, hi))[0], int(hi))
+    return bounds
 
 
 def is_x86(target) -> bool:

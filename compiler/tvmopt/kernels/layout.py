@@ -25,17 +25,21 @@ def _const_array(e) -> np.ndarray | None:
     return None
 
 
-def _static_f32_shape(expr) -> list[int] | None:
+def _f32_shape(expr) -> list | None:
+    """A float32 tensor's dims: ints where static, the PrimExpr where symbolic; None when the
+    rank is unknown or the tensor is not float32."""
     sinfo = expr.ty
     if not isinstance(sinfo, relax.TensorType) or sinfo.dtype != "float32":
         return None
     if sinfo.shape is None or not isinstance(sinfo.shape, relax.ShapeExpr):
         return None
-    dims = []
-    for d in sinfo.shape.values:
-        if not isinstance(d, tvm.tirx.IntImm):
-            return None
-        dims.append(int(d))
+    return [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in sinfo.shape.values]
+
+
+def _static_f32_shape(expr) -> list[int] | None:
+    dims = _f32_shape(expr)
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        return None
     return dims
 
 

@@ -40,12 +40,13 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ..files import cache_root
-from .layout import _const_array, _static_f32_shape, channels_last, lift_clip
+from .layout import _const_array, _f32_shape, _static_f32_shape, channels_last, lift_clip
 
 CONV_FUNC = "tvmopt.onednn.conv2d"
 MATMUL_FUNC = "tvmopt.onednn.matmul"
 QCONV_FUNC = "tvmopt.onednn.qconv2d"
 QMATMUL_FUNC = "tvmopt.onednn.qmatmul"
+BMM_FUNC = "tvmopt.onednn.batch_matmul"
 _PREFIX = "tvmopt_onednn."
 _SOURCE = Path(__file__).with_name("onednn_ext.cc")  # shipped inside the package
 
@@ -447,6 +448,29 @@ def _matmul_patterns():
     return pats
 
 
+def _bmm_patterns():
+    """A matmul of two activations (attention's scores q.k^T and weighted sum p.v), its b
+    optionally a transpose of the last two axes (read through strides) and its output optionally
+    scaled by a constant."""
+    pats = []
+    for trans in (True, False):
+        for scale in (None, "relax.divide", "relax.multiply"):
+            b = is_op("relax.permute_dims")(wildcard()) if trans else wildcard()
+            mm = is_op("relax.matmul")(wildcard(), b)
+            ann = {"matmul": mm}
+            name = "bmm"
+            if trans:
+                ann["transpose"] = b
+                name += "_tb"
+            x = mm
+            if scale:
+                x = is_op(scale)(mm, is_const())
+                ann["scale"] = x
+                name += "_scale"
+            pats.append((_PREFIX + name, x, ann))
+    return pats
+
+
 def _qdq_input(permute: bool):
     """quantize -> dequantize of an activation [-> transpose into the convolution's layout]."""
     q = is_op("relax.quantize")(wildcard(), is_const(), is_const())
@@ -667,9 +691,20 @@ def _check_matmul(ctx) -> bool:
         return False
     ann = ctx.annotated_expr
     mm = ann["matmul"]
-    a_s, b_s, o_s = (_static_f32_shape(e) for e in (mm.args[0], mm.args[1], mm))
-    if a_s is None or b_s is None or o_s is None:
+    b_s = _static_f32_shape(mm.args[1])
+    if b_s is None:
         return False
+    if len(b_s) == 2:
+        # A dense layer: a's leading dims fold into the rows, so they may be symbolic (dynamic
+        # batch / sequence); the library makes one primitive per row count it meets.
+        a_s, o_s = _f32_shape(mm.args[0]), _f32_shape(mm)
+        if a_s is None or o_s is None or not isinstance(a_s[-1], int) or \
+                not isinstance(o_s[-1], int):
+            return False
+    else:
+        a_s, o_s = _static_f32_shape(mm.args[0]), _static_f32_shape(mm)
+        if a_s is None or o_s is None:
+            return False
     if mm.attrs.out_dtype not in (None, "", "float32"):
         return False
     if len(a_s) < 2 or len(b_s) < 2 or len(o_s) > 4 or len(a_s) > 4:
@@ -680,6 +715,43 @@ def _check_matmul(ctx) -> bool:
             return False
     if "bias" in ann:
         if not _bias_ok(_other_operand(ann["bias"], mm, ctx), o_s[-1], len(o_s), len(o_s) - 1):
+            return False
+    return True
+
+
+def _same_dim(x, y) -> bool:
+    if isinstance(x, int) or isinstance(y, int):
+        return isinstance(x, int) and isinstance(y, int) and x == y
+    return tvm_ffi.structural.structural_equal(x, y, map_free_vars=False)
+
+
+def _check_bmm(ctx) -> bool:
+    if _leaks(ctx):
+        return False
+    ann = ctx.annotated_expr
+    mm = ann["matmul"]
+    b = mm.args[1]
+    if "transpose" in ann:
+        t = ann["transpose"]
+        b = t.args[0]
+        nd = len(_f32_shape(b) or [])
+        axes = None if t.attrs.axes is None else [int(a) for a in t.attrs.axes]
+        if nd < 2 or (axes or list(range(nd))[::-1]) != [*range(nd - 2), nd - 1, nd - 2]:
+            return False
+    a_s, b_s, o_s = _f32_shape(mm.args[0]), _f32_shape(b), _f32_shape(mm)
+    if a_s is None or b_s is None or o_s is None or _const_array(b) is not None:
+        return False
+    if mm.attrs.out_dtype not in (None, "", "float32"):
+        return False
+    if not 2 <= len(a_s) <= 4 or len(b_s) != len(a_s) or len(o_s) != len(a_s):
+        return False
+    # Batch dims equal, or 1 on one side (what the library broadcasts).
+    for x, y in zip(a_s[:-2], b_s[:-2]):
+        if not (_same_dim(x, y) or x == 1 or y == 1):
+            return False
+    if "scale" in ann:
+        arr = _const_array(ann["scale"].args[1])
+        if arr is None or arr.size != 1 or not np.isfinite(arr).all() or float(arr.reshape(-1)[0]) == 0:
             return False
     return True
 
@@ -842,6 +914,8 @@ class _Lower(relax.PyExprMutator):
         compute = COMPUTE[self.compute.get(call.op, "fp32")]
         if str(comp).startswith(_PREFIX + "conv2d"):
             return self._conv(env, ops, call, compute)
+        if str(comp).startswith(_PREFIX + "bmm"):
+            return self._bmm(env, ops, call, compute)
         return self._matmul(env, ops, call, compute)
 
     @staticmethod
@@ -1022,6 +1096,22 @@ class _Lower(relax.PyExprMutator):
         return relax.call_dps_packed(MATMUL_FUNC, args, call.ty)
 
 
+    def _bmm(self, env, ops, call, compute):
+        trans, scale, a, b = 0, 1.0, None, None
+        for _, val in ops:
+            name = val.op.name
+            if name == "relax.permute_dims":
+                trans, b = 1, self._resolve(env, val.args[0])
+            elif name == "relax.matmul":
+                a = self._resolve(env, val.args[0])
+                b = b if trans else self._resolve(env, val.args[1])
+            else:
+                c = float(_const_array(self._resolve(env, val.args[1])).reshape(-1)[0])
+                scale = 1.0 / c if name == "relax.divide" else c
+        attrs = relax.ShapeExpr([trans, _f32_bits(scale), compute])
+        return relax.call_dps_packed(BMM_FUNC, [a, b, attrs], call.ty)
+
+
 def _use_counts(func) -> dict:
     counts: dict = {}
 
@@ -1133,6 +1223,8 @@ def partition(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,
     if matmul:
         patterns += [relax.transform.FusionPattern(n, p, ann, _check_matmul)
                      for n, p, ann in _matmul_patterns()]
+        patterns += [relax.transform.FusionPattern(n, p, ann, _check_bmm)
+                     for n, p, ann in _bmm_patterns()]
     if not patterns:
         return mod
     # bind_constants=False keeps weights as call arguments, so they become arguments of the

@@ -8,6 +8,7 @@
 //   tvmopt.onednn.qmatmul(a, b_s8, b_scales, [bias], attrs, out)
 //     (attrs kQMDynamic = 1: a's scale and zero point are computed in the call, as ONNX
 //     DynamicQuantizeLinear does, for onnxruntime's quantize_dynamic models)
+//   tvmopt.onednn.batch_matmul(a, b, attrs, out)   (two activations, e.g. attention)
 // R.call_dps_packed appends the output after all listed arguments, so attrs comes before out.
 // Optional inputs are present or absent according to flags in `attrs`, an int64 ffi Shape
 // (what R.shape([...]) becomes at run time) or an int64 tensor. Float attributes (clip bounds)
@@ -858,6 +859,104 @@ void QMatmul(PackedArgs args, tvm::ffi::Any* rv) {
   RunQuant(e.get(), A, out, bias, memory::desc({1, N}, dt::f32, tag::ab));
 }
 
+// ---------------------------------------------------------------------------------------
+// Matmul of two activations (attention's scores and weighted sum): nothing is constant, so the
+// primitive is cached by shape alone and both operands are read where they are. b may be read
+// transposed through its strides (a permute_dims of the last two axes folded into the call),
+// and the output scaled (attention's 1/sqrt(d)).
+
+enum BmmAttr { kBTransB, kBScaleBits, kBCompute, kBNumAttrs };
+
+struct BmmEntry {
+  dnnl::matmul prim;
+  memory::desc a_md, b_md, user_a_md, user_b_md, dst_md;
+  bool convert = false;  // bf16 compute: both operands are converted into a_buf / b_buf first
+  memory a_buf, b_buf;
+};
+
+std::unordered_map<std::string, std::shared_ptr<BmmEntry>> g_bmm_cache;
+
+// a: (..., M, K); b: (..., K, N), or (..., N, K) read transposed; batch dims equal or 1.
+void BatchMatmul(PackedArgs args, tvm::ffi::Any* rv) {
+  TVM_FFI_ICHECK_EQ(args.size(), 4) << "batch_matmul(a, b, attrs, out)";
+  std::vector<int64_t> at = ReadAttrs(args[2]);
+  TVM_FFI_ICHECK_EQ(at.size(), static_cast<size_t>(kBNumAttrs)) << "bad batch_matmul attrs";
+  TensorView A = args[0].cast<TensorView>();
+  TensorView B = args[1].cast<TensorView>();
+  TensorView out = args[3].cast<TensorView>();
+  CheckF32Contig(A, "a");
+  CheckF32Contig(B, "b");
+  CheckF32Contig(out, "out");
+  int nd = static_cast<int>(A.ndim());
+  TVM_FFI_ICHECK(nd >= 2 && nd <= 4 && B.ndim() == nd && out.ndim() == nd)
+      << "batch_matmul needs a, b and out of one rank in 2-4";
+  bool trans_b = at[kBTransB] != 0;
+  memory::dims a_dims = Dims(A), b_dims = Dims(B), o_dims = Dims(out);
+  int64_t K = a_dims[nd - 1];
+  if (trans_b) std::swap(b_dims[nd - 1], b_dims[nd - 2]);  // logical (..., K, N)
+  int64_t N = b_dims[nd - 1];
+  TVM_FFI_ICHECK_EQ(b_dims[nd - 2], K) << "batch_matmul: inner dims differ";
+  TVM_FFI_ICHECK(o_dims[nd - 1] == N && o_dims[nd - 2] == a_dims[nd - 2])
+      << "batch_matmul: out shape mismatch";
+  for (int i = 0; i < nd - 2; ++i) {
+    TVM_FFI_ICHECK((a_dims[i] == b_dims[i] || a_dims[i] == 1 || b_dims[i] == 1) &&
+                   o_dims[i] == std::max(a_dims[i], b_dims[i]))
+        << "batch_matmul: batch dims do not broadcast";
+  }
+  memory::dims b_strides(nd);
+  b_strides[nd - 2] = trans_b ? 1 : N;
+  b_strides[nd - 1] = trans_b ? K : 1;
+  int64_t acc = K * N;
+  for (int i = nd - 3; i >= 0; --i) {
+    b_strides[i] = acc;
+    acc *= b_dims[i];
+  }
+
+  std::lock_guard<std::mutex> lock(g_mu);
+  ApplyThreads();
+  Runtime& rt = GetRuntime();
+  std::string key = MakeKey("bmm", nullptr, at, {a_dims, b_dims, o_dims});
+  auto it = g_bmm_cache.find(key);
+  std::shared_ptr<BmmEntry> e;
+  if (it != g_bmm_cache.end()) {
+    e = it->second;
+  } else {
+    e = std::make_shared<BmmEntry>();
+    dt cdt = at[kBCompute] == kComputeBF16 ? dt::bf16 : dt::f32;
+    e->user_a_md = memory::desc(a_dims, dt::f32, PlainTag(nd));
+    e->user_b_md = memory::desc(b_dims, dt::f32, b_strides);
+    e->convert = cdt != dt::f32;
+    e->a_md = e->convert ? memory::desc(a_dims, cdt, PlainTag(nd)) : e->user_a_md;
+    e->b_md = e->convert ? memory::desc(b_dims, cdt, b_strides) : e->user_b_md;
+    if (e->convert) {
+      e->a_buf = memory(e->a_md, rt.eng);
+      e->b_buf = memory(e->b_md, rt.eng);
+    }
+    e->dst_md = memory::desc(o_dims, dt::f32, PlainTag(nd));
+    float scale;
+    uint32_t bits = static_cast<uint32_t>(at[kBScaleBits]);
+    std::memcpy(&scale, &bits, sizeof(scale));
+    dnnl::post_ops po;
+    if (scale != 1.f) po.append_eltwise(dnnl::algorithm::eltwise_linear, scale, 0.f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(po);
+    auto pd = dnnl::matmul::primitive_desc(rt.eng, e->a_md, e->b_md, e->dst_md, attr);
+    e->prim = dnnl::matmul(pd);
+    g_bmm_cache[key] = e;
+  }
+  memory a_mem(e->user_a_md, rt.eng, DataPtr(A)), b_mem(e->user_b_md, rt.eng, DataPtr(B));
+  if (e->convert) {
+    dnnl::reorder(a_mem, e->a_buf).execute(rt.strm, a_mem, e->a_buf);
+    dnnl::reorder(b_mem, e->b_buf).execute(rt.strm, b_mem, e->b_buf);
+    a_mem = e->a_buf;
+    b_mem = e->b_buf;
+  }
+  e->prim.execute(rt.strm, {{DNNL_ARG_SRC, a_mem},
+                            {DNNL_ARG_WEIGHTS, b_mem},
+                            {DNNL_ARG_DST, memory(e->dst_md, rt.eng, DataPtr(out))}});
+  rt.strm.wait();
+}
+
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
@@ -867,6 +966,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def_packed("tvmopt.onednn.matmul", Matmul)
       .def_packed("tvmopt.onednn.qconv2d", QConv2d)
       .def_packed("tvmopt.onednn.qmatmul", QMatmul)
+      .def_packed("tvmopt.onednn.batch_matmul", BatchMatmul)
       .def("tvmopt.onednn.share_pool",
            [](const std::string& path) -> bool { return SharePool(path); })
       .def("tvmopt.onednn.uses_shared_pool",

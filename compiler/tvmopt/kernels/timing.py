@@ -69,13 +69,60 @@ def cache_key(kernel: str, target_text: str, ext_id: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def random_inputs(func, rng) -> list[np.ndarray]:
-    """Arrays for a Relax function's or PrimFunc's static tensor params: floats normal,
-    integers 0 (an index in range for every gather)."""
+# A symbolic dim is timed at its upper bound, capped so a kernel's symbolic dims multiply to at
+# most this many (rows of a dense layer): large enough for the library's blocking to show, small
+# enough that a timing stays short.
+SYMBOLIC_ROWS = 512
+
+
+def timing_dims(func, bounds: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """The value each symbolic dim of `func`'s params is timed at: its upper bound from
+    `bounds` (name -> (lo, hi)), halved, largest first, while their product exceeds
+    SYMBOLIC_ROWS (never below the lower bound)."""
+    from tvm import relax
+
+    names = sorted({v.name for p in func.params
+                    for v in relax.analysis.tir_vars_in_type(p.ty)})
+    lo = {n: max(bounds.get(n, (1, 0))[0], 1) for n in names}
+    values = {n: max(bounds.get(n, (1, SYMBOLIC_ROWS))[1], lo[n]) for n in names}
+    while int(np.prod([1, *values.values()])) > SYMBOLIC_ROWS:
+        shrinkable = [n for n in names if values[n] > lo[n]]
+        if not shrinkable:
+            break
+        n = max(shrinkable, key=values.get)
+        values[n] = max(values[n] // 2, lo[n])
+    return values
+
+
+def dim_value(expr, dims: dict[str, int]) -> int:
+    """An integer shape expression with its symbolic dims taken from `dims`."""
+    from tvm import tirx
+    from tvm.sym import Analyzer
+
+    if isinstance(expr, int):
+        return expr
+    if hasattr(expr, "value"):
+        return int(expr.value)
+    analyzer = Analyzer()
+    for var in tirx.analysis.undefined_vars(expr):
+        analyzer.bind(var, tirx.const(int(dims[var.name]), str(getattr(var.ty, "dtype", "int64"))))
+    return int(analyzer.simplify(expr).value)
+
+
+def random_inputs(func, rng, dims: dict[str, int] | None = None) -> list[np.ndarray]:
+    """Arrays for a Relax function's or PrimFunc's tensor params (symbolic dims from `dims`):
+    floats normal, integers 0 (an index in range for every gather); a shape param's values."""
+    import tvm_ffi
+    from tvm import relax
+
     out = []
     for p in func.params:
         ty = p.ty
-        shape, dtype = [int(d) for d in getattr(ty.shape, "values", ty.shape)], str(ty.dtype)
+        if isinstance(ty, relax.ShapeType):  # the symbolic dims a fused function is passed
+            out.append(tvm_ffi.Shape([dim_value(d, dims or {}) for d in ty.values]))
+            continue
+        shape = [dim_value(d, dims or {}) for d in getattr(ty.shape, "values", ty.shape)]
+        dtype = str(ty.dtype)
         out.append(rng.standard_normal(shape).astype(dtype) if dtype.startswith("float")
                    else np.zeros(shape, dtype=dtype))
     return out

@@ -1,0 +1,158 @@
+"""oneDNN calls on symbolic shapes (dynamic batch / sequence exports) and on matmuls of two
+activations (attention): one packed call per chain, outputs equal onnxruntime's at several
+values of each symbolic dim, in fp32 and with bf16 compute where the host has bf16 units; and
+the dims a symbolic kernel is timed at."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+od = pytest.importorskip("tvmopt.kernels.onednn")
+
+DIMS = [(1, 1), (1, 37), (3, 64), (2, 130)]  # (batch, seq) values each artifact is run at
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension():
+    try:
+        od.load_extension()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"oneDNN extension unavailable here: {err}")
+
+
+def model(nodes, inputs, inits):
+    g = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def build_and_check(m, feeds_at, compute="fp32", tol=1e-4):
+    """Library dispatch in `compute`; returns {packed func: count}. Runs at every DIMS value."""
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.in_memory import host_target
+
+    target = host_target().to_tvm()
+    cfg = pipeline.PipelineConfig(dispatch="library", library_compute=(compute,))
+    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
+    text = mod.script(show_meta=False)
+    calls = {f: text.count(f'R.call_dps_packed("{f}"')
+             for f in (od.MATMUL_FUNC, od.BMM_FUNC)}
+    vm = relax.VirtualMachine(pipeline.build(mod, target, cfg=cfg, start_after="dispatch"),
+                              tvm.cpu())
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for b, s in DIMS:
+        feeds = feeds_at(b, s)
+        ref = sess.run(None, feeds)[0]
+        for _ in range(2):  # the second run reuses the primitive made for this shape
+            out = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()]).numpy()
+            err = np.abs(out - ref).max() / np.abs(ref).max()
+            assert err < tol, f"batch {b}, seq {s}: error {err:.3g} ({compute})"
+    return calls
+
+
+rng = np.random.default_rng(0)
+
+
+def rand(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def dense_model():
+    """x[batch, seq, 48] @ W + B -> GELU: a transformer's dense layer on a dynamic export."""
+    inits = {"W": rand(48, 24) * 0.1, "B": rand(24)}
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"]),
+             helper.make_node("Add", ["m", "B"], ["b"]),
+             helper.make_node("Relu", ["b"], ["y"])]
+    return model(nodes, [("x", ["batch", "seq", 48])], inits)
+
+
+def attention_model(heads=2, d=16):
+    """softmax(q @ k^T / sqrt(d)) @ v on [batch, heads, seq, d] inputs."""
+    inits = {"scale": np.array(np.sqrt(d), np.float32)}
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Div", ["s", "scale"], ["sd"]),
+             helper.make_node("Softmax", ["sd"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    shape = ["batch", heads, "seq", d]
+    return model(nodes, [("q", shape), ("k", shape), ("v", shape)], inits)
+
+
+def attention_feeds(b, s, heads=2, d=16):
+    return {n: rand(b, heads, s, d) for n in ("q", "k", "v")}
+
+
+def test_dense_layer_on_symbolic_batch_and_sequence_is_one_library_call():
+    calls = build_and_check(dense_model(), lambda b, s: {"x": rand(b, s, 48)})
+    assert calls == {od.MATMUL_FUNC: 1, od.BMM_FUNC: 0}
+
+
+def test_attention_matmuls_are_library_calls_with_the_transpose_and_scale_folded_in():
+    calls = build_and_check(attention_model(), attention_feeds)
+    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 2}
+
+
+def test_attention_matmuls_in_bf16():
+    from tvmopt.kernels.dispatch import host_has_bf16
+
+    if not host_has_bf16():
+        pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
+    # bf16 keeps 8 significant bits: errors of a few 1e-3 of the output's range.
+    calls = build_and_check(attention_model(), attention_feeds, compute="bf16", tol=2e-2)
+    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 2}
+
+
+def test_matmul_broadcasting_a_batch_dim_of_one():
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["y"])]
+    m = model(nodes, [("a", [2, 3, "seq", 8]), ("b", [1, 3, 8, 5])], {})
+    calls = build_and_check(m, lambda b, s: {"a": rand(2, 3, s, 8), "b": rand(1, 3, 8, 5)})
+    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 1}
+
+
+def test_a_transpose_of_other_axes_is_not_folded_into_the_call():
+    # k^T over axes (0, 2, 1, 3) is not a transpose of the last two: it stays a TVM kernel and
+    # the matmul reads its result.
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1, 3]),
+             helper.make_node("MatMul", ["q", "kt"], ["y"])]
+    m = model(nodes, [("q", [1, 4, 3, 8]), ("k", [1, 8, 4, 3])], {})
+    calls = build_and_check(m, lambda b, s: {"q": rand(1, 4, 3, 8), "k": rand(1, 8, 4, 3)})
+    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 1}
+
+
+def _func_with(*shapes):
+    from tvm import relax, tirx
+
+    names = {}
+
+    def dim(d):
+        return d if isinstance(d, int) else names.setdefault(d, tirx.Var(d, "int64"))
+
+    params = [relax.Var(f"p{i}", relax.TensorType([dim(d) for d in s], "float32"))
+              for i, s in enumerate(shapes)]
+    return relax.Function(params, params[0], params[0].ty)
+
+
+def test_symbolic_dims_are_timed_at_their_bounds_capped_in_product():
+    from tvmopt.kernels.timing import SYMBOLIC_ROWS, timing_dims
+
+    f = _func_with(["batch", "seq", 64])
+    assert timing_dims(f, {"batch": (1, 8), "seq": (1, 32)}) == {"batch": 8, "seq": 32}
+    big = timing_dims(f, {"batch": (1, 8), "seq": (1, 4096)})
+    assert big["batch"] * big["seq"] <= SYMBOLIC_ROWS and big["batch"] == 8
+    # a lower bound is never undercut, even past the cap
+    assert timing_dims(f, {"batch": (4, 4), "seq": (600, 4096)}) == {"batch": 4, "seq": 600}
+    unbounded = timing_dims(f, {})
+    assert unbounded["batch"] * unbounded["seq"] <= SYMBOLIC_ROWS
+    assert timing_dims(_func_with([2, 3]), {}) == {}
