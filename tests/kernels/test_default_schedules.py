@@ -149,6 +149,29 @@ def squeeze_excite_case(c=48, r=12, hw=28):
     return _model(nodes, [_vi("x", [1, c, hw, hw])], [_vi("y", [1, c, hw, hw])], inits)
 
 
+def row_reduction_case(kind, shape, sym=False):
+    """Softmax / LayerNormalization / an RMS norm / ReduceMean over the last axis."""
+    n = shape[-1]
+    dims = ["batch", "seq", n] if sym else list(shape)
+    inits, nodes = [], []
+    if kind == "softmax":
+        nodes = [helper.make_node("Softmax", ["x"], ["y"], axis=-1)]
+    elif kind == "layernorm":
+        inits = [_const("g", (n,)), _const("b", (n,))]
+        nodes = [helper.make_node("Add", ["x", "x"], ["x2"]),  # a fused producer, as in models
+                 helper.make_node("LayerNormalization", ["x2", "g", "b"], ["y"], axis=-1)]
+    elif kind == "rmsnorm":
+        inits = [_const("g", (n,)), numpy_helper.from_array(np.array(1e-6, np.float32), "eps")]
+        nodes = [helper.make_node("Mul", ["x", "x"], ["sq"]),
+                 helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1),
+                 helper.make_node("Add", ["ms", "eps"], ["mse"]),
+                 helper.make_node("Sqrt", ["mse"], ["rms"]),
+                 helper.make_node("Div", ["x", "rms"], ["xn"]),
+                 helper.make_node("Mul", ["xn", "g"], ["y"])]
+    return _model(nodes, [_vi("x", dims)], [_vi("y", dims)], inits)
+
+
+
 CASES = {
     "conv3x3": lambda: conv_case(32, 64, 28, 3, 1, 1),
     "conv3x3_cin3_s2": lambda: conv_case(3, 32, 56, 3, 2, 1),
@@ -173,11 +196,17 @@ CASES = {
     "avgpool": lambda: pool_case("avg", 16, 16),
     "global_avgpool": lambda: pool_case("global", 64, 7),
     "eltwise": eltwise_case,
+    "softmax_rows": lambda: row_reduction_case("softmax", (1, 4, 128, 128)),
+    "softmax_ragged_rows": lambda: row_reduction_case("softmax", (2, 3, 50)),
+    "layernorm_rows": lambda: row_reduction_case("layernorm", (1, 128, 256)),
+    "rmsnorm_rows": lambda: row_reduction_case("rmsnorm", (1, 17, 320)),
+    "layernorm_sym_rows": lambda: row_reduction_case("layernorm", (0, 0, 64), sym=True),
     "cnn_block": cnn_block_case,
     "squeeze_excite": squeeze_excite_case,
 }
 
 SYM_SHAPES = {"dense_sym_batch_seq": {"x": (2, 37, 64)},
+              "layernorm_sym_rows": {"x": (2, 9, 64)},
               "batch_matmul_sym": {"a": (2, 4, 19, 32), "bt": (2, 4, 32, 19)}}
 
 
@@ -361,3 +390,18 @@ def test_only_rows_without_a_tile_divisor_are_padded(rows, padded):
     text = sch.mod["main"].script()
     assert ("_pad" in text) == padded, text[:2000]
     assert "T.vectorized" in text
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layernorm", "rmsnorm"])
+def test_row_reductions_accumulate_a_vector_of_partial_sums(kind):
+    """A norm's or softmax's row sum runs as `lanes` partial sums in one vector register
+    (rfactor), not one scalar add after another."""
+    import tvm
+
+    from tvmopt import pipeline
+
+    model = row_reduction_case(kind, (1, 64, 256))
+    _, scheduled = _run(model, _inputs(kind, model), pipeline.PipelineConfig(dispatch="codegen"))
+    rows = [f.script() for f in scheduled.functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc) and "T.axis.reduce" in f.script()]
+    assert rows and all("_rf" in t and "T.vectorized" in t for t in rows), rows

@@ -156,3 +156,34 @@ def test_symbolic_dims_are_timed_at_their_bounds_capped_in_product():
     unbounded = timing_dims(f, {})
     assert unbounded["batch"] * unbounded["seq"] <= SYMBOLIC_ROWS
     assert timing_dims(_func_with([2, 3]), {}) == {}
+
+
+@pytest.mark.parametrize("dispatch", ["library", "codegen"])
+@pytest.mark.parametrize("stride,pad,dil,group", [(1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 2, 1),
+                                                  (1, 1, 1, 4)])
+def test_conv1d_takes_the_2d_path_and_matches(dispatch, stride, pad, dil, group):
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.in_memory import host_target
+
+    inits = {"W": rand(16, 8 // group, 3) * 0.2, "B": rand(16)}
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[3],
+                              strides=[stride], pads=[pad, pad], dilations=[dil], group=group),
+             helper.make_node("Relu", ["c"], ["y"])]
+    m = model(nodes, [("x", [1, 8, 50])], inits)
+    target = host_target().to_tvm()
+    cfg = pipeline.PipelineConfig(dispatch=dispatch)
+    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
+    text = mod.script(show_meta=False)
+    assert "R.nn.conv1d" not in text
+    assert text.count(f'R.call_dps_packed("{od.CONV_FUNC}"') == (dispatch == "library")
+    vm = relax.VirtualMachine(pipeline.build(mod, target, cfg=cfg, start_after="dispatch"),
+                              tvm.cpu())
+    x = rand(1, 8, 50)
+    ref = ort.InferenceSession(m.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), ref, rtol=1e-4,
+                               atol=1e-4)

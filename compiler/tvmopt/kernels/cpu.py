@@ -717,6 +717,71 @@ class ElementwiseRule(_LLVMRule):
         return sch
 
 
+# ---------------------------------------------------------------------------------------
+# Row reductions (softmax, layer / RMS norm)
+# ---------------------------------------------------------------------------------------
+
+
+class RowReductionRule(_LLVMRule):
+    """dlight's CPU Reduction schedule, with each row's reductions vectorized.
+
+    dlight sums a row into one scalar accumulator: one add after another, a chain of dependent
+    adds (float addition is not reassociated), so a norm or softmax runs at the add latency,
+    not the vector width. Here each reduction over the innermost axis is first split into
+    `lanes` partial sums (rfactor): the partials accumulate as one vector, and only they are
+    summed at the end. Kernels this does not fit (a symbolic or ragged row, several reduction
+    axes) go to dlight's rule unchanged.
+    """
+
+    def __init__(self, params: CPUParams | None = None):
+        self.params = params
+
+    def _apply(self, func, target):
+        params = self.params or CPUParams.from_target(target)
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None or len(infos) < 2 or not infos[-1].is_injective():
+            return None
+        kinds = [b.dom_kind() for b in infos]
+        if any(not k or k[0] != "S" for k in kinds):
+            return None
+        reductions = [b for b, k in zip(infos, kinds) if not b.is_injective()]
+        lanes = params.lanes(str(sch.get(infos[-1].block_rv).writes[0].source.dtype))
+        if not reductions or lanes < 2:
+            return None
+        for b, k in zip(infos, kinds):
+            if b.is_injective():
+                continue
+            ext = _extent(sch, sch.get_loops(b.block_rv)[-1])
+            # One reduction axis, innermost, a whole number of vectors (at least two).
+            if k.count("R") != 1 or not k.endswith("R") or ext is None or ext % lanes \
+                    or ext < 2 * lanes:
+                return None
+        leading = min(len(k) - len(k.lstrip("S")) for k in kinds)
+        partials = set()
+        for b in reductions:
+            loops = sch.get_loops(b.block_rv)
+            _, lane = sch.split(loops[-1], factors=[None, lanes])
+            partials.add(sch.get(sch.rfactor(lane, factor_axis=len(loops) - 1)).name_hint)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        loops = sch.get_loops(blocks[-1])
+        rows = sch.fuse(*loops[:leading]) if leading > 1 else loops[0]
+        sch.parallel(rows)
+        _vectorize_tail(sch, blocks[-1], lanes)
+        for block in reversed(blocks[:-1]):
+            sch.compute_at(block, rows, preserve_unit_loops=True)
+        for block in blocks[:-1]:
+            if sch.get(block).name_hint in partials:
+                # Under the row loop: [lane, unit loops..., chunk]. The chunk loop goes
+                # outside and the lanes become the vector (the init runs on chunk 0).
+                inner = sch.get_loops(block)
+                sch.reorder(inner[-1], inner[1])
+                sch.vectorize(sch.get_loops(block)[-1])
+            elif all(iv.iter_type == tirx.IterVar.DataPar for iv in sch.get(block).iter_vars):
+                _vectorize_tail(sch, block, lanes)
+        return sch
+
+
 def post_schedule_passes():
     """Relax passes after ApplyDefaultSchedule: fold the packed-weight copies into constants.
 
@@ -750,6 +815,7 @@ def default_rules(params: CPUParams | None = None):
         Conv2dRule(params),
         PoolRule(params),
         dl_cpu.GEMV(),
+        RowReductionRule(params),
         dl_cpu.Reduction(),
         ElementwiseRule(params),
     ]

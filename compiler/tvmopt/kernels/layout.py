@@ -99,10 +99,32 @@ def LiftClip(mod, _ctx):  # noqa: N802 - a pass, named like TVM's
     return lift_clip(mod)
 
 
+@relax.expr_functor.mutator
+class _Conv1dAsConv2d(relax.PyExprMutator):
+    """conv1d (NCW / OIW) as a conv2d of height 1 between an expand_dims and a squeeze (views,
+    no copies), so 1-D convolutions (audio stems, wav2vec2's feature encoder) take the 2-D
+    path: NHWC default schedules and the oneDNN convolution."""
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv1d"):
+            return call
+        a = call.attrs
+        if (a.data_layout, a.kernel_layout, a.out_layout) != ("NCW", "OIW", "NCW"):
+            return call
+        x, w = call.args
+        y = relax.op.nn.conv2d(
+            relax.op.expand_dims(x, [2]), relax.op.expand_dims(w, [2]),
+            strides=[1, int(a.strides[0])], padding=[0, int(a.padding[0]), 0, int(a.padding[1])],
+            dilation=[1, int(a.dilation[0])], groups=int(a.groups),
+            out_dtype=a.out_dtype if str(a.out_dtype) else None)
+        return relax.op.squeeze(y, [2])
+
+
 def channels_last(kernel_layout: str = "HWIO") -> list:
     """Passes (before LegalizeOps) moving conv2d to NHWC with `kernel_layout` weights.
 
-    Only modules with a conv2d change. ConvertLayout refuses some graphs (a match_cast of a
+    Only modules with a conv2d (or a conv1d, made one first) change. ConvertLayout refuses some graphs (a match_cast of a
     data-dependent shape: "exactly one of the layouts is unknown"); those keep their layout.
     """
     # conv2d_transpose is pinned to NCHW: it would otherwise follow its NHWC producer, and
@@ -110,7 +132,7 @@ def channels_last(kernel_layout: str = "HWIO") -> list:
     desired = {"relax.nn.conv2d": ["NHWC", kernel_layout],
                "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
     convert = tvm.ir.transform.Sequential([
-        LiftClip, SpellQDQ, relax.transform.ConvertLayout(desired),
+        LiftClip, SpellQDQ, Conv1dAsConv2d, relax.transform.ConvertLayout(desired),
         relax.transform.Normalize(), relax.transform.FoldConstant(), FoldQDQ])
 
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.ChannelsLast")
@@ -130,7 +152,7 @@ def _has_conv2d(mod) -> bool:
 
     def visit(e):
         if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and \
-                e.op.name == "relax.nn.conv2d":
+                e.op.name in ("relax.nn.conv2d", "relax.nn.conv1d"):
             found.append(e)
 
     for f in mod.functions.values():
@@ -272,4 +294,5 @@ def _function_pass(mutator_cls, name):
 
 
 SpellQDQ = _function_pass(_SpellQDQ, "tvmopt.SpellQDQ")
+Conv1dAsConv2d = _function_pass(_Conv1dAsConv2d, "tvmopt.Conv1dAsConv2d")
 FoldQDQ = _function_pass(_FoldQDQ, "tvmopt.FoldQDQ")
