@@ -172,6 +172,11 @@ def row_reduction_case(kind, shape, sym=False):
 
 
 
+def softmax_symbolic_row_case():
+    return _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], [_vi("x", ["b", "n"])],
+                  [_vi("y", ["b", "n"])], [])
+
+
 CASES = {
     "conv3x3": lambda: conv_case(32, 64, 28, 3, 1, 1),
     "conv3x3_cin3_s2": lambda: conv_case(3, 32, 56, 3, 2, 1),
@@ -201,12 +206,15 @@ CASES = {
     "layernorm_rows": lambda: row_reduction_case("layernorm", (1, 128, 256)),
     "rmsnorm_rows": lambda: row_reduction_case("rmsnorm", (1, 17, 320)),
     "layernorm_sym_rows": lambda: row_reduction_case("layernorm", (0, 0, 64), sym=True),
+    "softmax_sym_row_length": softmax_symbolic_row_case,
     "cnn_block": cnn_block_case,
     "squeeze_excite": squeeze_excite_case,
 }
 
 SYM_SHAPES = {"dense_sym_batch_seq": {"x": (2, 37, 64)},
               "layernorm_sym_rows": {"x": (2, 9, 64)},
+              # a row of 2 vectors and 1 element: a predicated partial sum would read past it
+              "softmax_sym_row_length": {"x": (3, 33)},
               "batch_matmul_sym": {"a": (2, 4, 19, 32), "bt": (2, 4, 32, 19)}}
 
 
