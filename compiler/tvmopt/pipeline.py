@@ -92,6 +92,7 @@ def _simplify(target, cfg):
     from tvm import relax
 
     from .passes.fold_pad import FoldPadIntoConv
+    from .passes.gelu import FuseGelu
     from .passes.power_to_multiply import PowerToMultiply
 
     # A QDQ model's int8 weights, noted before FoldConstant makes fp32 constants of them: the
@@ -106,9 +107,10 @@ def _simplify(target, cfg):
             record = [RecordQDQWeights]
     # PowerToMultiply before FoldConstant: FoldConstant legalizes each power it meets and TVM
     # warns on every pow with exponent >= 3 (the importer has made the exponents constants).
+    # FuseGelu after FoldConstant, which makes the formula's constants (sqrt(2) etc.) scalars.
     return [*record, relax.transform.DecomposeOpsForInference(), FoldPadIntoConv,
             relax.transform.CanonicalizeBindings(), PowerToMultiply,
-            relax.transform.FoldConstant(), *cfg.extra_passes]
+            relax.transform.FoldConstant(), FuseGelu, *cfg.extra_passes]
 
 
 def _precision(target, cfg):
