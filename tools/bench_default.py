@@ -17,6 +17,12 @@ each runtime's error against onnxruntime, the geometric means, the compile times
 instead (tools/hf_models.py: upstream implementations, random weights): models this project's
 rules were not written against.
 
+`--models dyn:bert4l,dyn:gpt2_4l` exports the token models with symbolic batch and sequence
+(dynamic_axes, as transformers are deployed), compiles that file once (`--dim` bounds from
+`--seqs` and `--batches`) and times the one artifact at every `--seqs` length and batch, beside
+tvmopt's build of the same model exported with static shapes at that length
+(`tvmopt-static`) and the baselines on the dynamic file.
+
 Usage:
   python tools/bench_default.py [--models resnet18,bert4l,hf:resnet50] [--batches 1,8]
                                 [--dispatch auto] [--precision fp32,auto]
@@ -45,6 +51,8 @@ def _args(argv):
     ap.add_argument("--models", default=",".join(torch_models.MODELS),
                     help="names from tools/torch_models.py, or hf:NAME from tools/hf_models.py")
     ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--seqs", default="32,128,512",
+                    help="sequence lengths each dyn: model is timed at (one artifact)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--runs", type=int, default=20, help="timed calls per runtime and row")
     ap.add_argument("--block", type=int, default=5, help="calls per runtime before switching")
@@ -76,8 +84,8 @@ def _geomean(ratios) -> float:
 
 
 def markdown(results: dict) -> str:
-    """The rows of a --json results file as Markdown tables (the fp32 models, then their int8
-    quantizations), each with its geometric means and largest errors."""
+    """The rows of a --json results file as Markdown tables (the fp32 models, the dynamic-shape
+    models, then the int8 quantizations), each with its geometric means and largest errors."""
     rows = results["rows"]
     host = results.get("host")
     out = []
@@ -85,7 +93,9 @@ def markdown(results: dict) -> str:
         out += [f"Host: {host['cpu']}, {host['cores']} cores ({' '.join(host['features'])}); "
                 f"{results['threads']} threads per runtime, "
                 f"{results.get('isolation', 'one process')}.", ""]
-    for members in ([r for r in rows if "int8)" not in r["model"]],
+    for members in ([r for r in rows if "int8)" not in r["model"]
+                     and not r["model"].startswith("dyn:")],
+                    [r for r in rows if r["model"].startswith("dyn:")],
                     [r for r in rows if "int8)" in r["model"]]):
         if members:
             out += _table(members) + [""]
@@ -291,6 +301,47 @@ def _measure_row(args, row, specs, feed) -> dict:
     return row
 
 
+def _dynamic_rows(args, full_name, out) -> list[dict]:
+    """One artifact of the dynamic export, timed at every (batch, seq), beside the static
+    export's build at that shape and the baselines on the dynamic file."""
+    import torch_models
+
+    import tvmopt
+    from tvmopt.bench.isolated import Spec
+
+    name = full_name[len("dyn:"):]
+    batches = [int(b) for b in args.batches.split(",")]
+    seqs = [int(s) for s in args.seqs.split(",")]
+    path = torch_models.export_dynamic(name, str(out / "models"))
+    template = {"compile_s": {}, "ms": {}, "precision": {}}
+    dims = {"batch": (1, max(batches)), "seq": (1, max(seqs))}
+    built = {}
+    for runner, mode, prec in _variants(args):
+        t0 = time.perf_counter()
+        res = tvmopt.compile_model(tvmopt.CompileOptions(
+            model=path, target=args.target, dispatch=mode, precision=prec, dim_bounds=dims,
+            output=str(out / "artifacts" / f"{name}_dynamic_{mode}_{prec}")), log=lambda s: None)
+        template["compile_s"][runner[len("tvmopt-"):]] = round(time.perf_counter() - t0, 1)
+        built[runner] = Spec("tvmopt", str(res.artifact.path))
+    _, mode, prec = _variants(args)[-1]
+    rows = []
+    for batch in batches:
+        for seq in seqs:
+            static = torch_models.export_at(name, str(out / "models"), batch, seq)
+            res = tvmopt.compile_model(tvmopt.CompileOptions(
+                model=static, target=args.target, dispatch=mode, precision=prec,
+                output=str(out / "artifacts" / f"{Path(static).stem}_{mode}_{prec}")),
+                log=lambda s: None)
+            row = {**json.loads(json.dumps(template)), "model": f"{full_name} seq={seq}",
+                   "batch": batch}
+            specs = {**built, "tvmopt-static": Spec("tvmopt", str(res.artifact.path)),
+                     **_baseline_specs(args, path, torch_models, name, batch)}
+            specs.pop("torch", None)  # eager PyTorch has no export to vary: its rows are static
+            feed = {"input": torch_models.example_at(name, batch, seq).numpy()}
+            rows.append(_measure_row(args, row, specs, feed))
+    return rows
+
+
 def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
     args = _args(argv)
@@ -310,6 +361,9 @@ def main(argv=None) -> int:
     rows = []
     kinds = [k for k in args.int8.split(",") if k]
     for full_name in args.models.split(","):
+        if full_name.startswith("dyn:"):
+            rows += _dynamic_rows(args, full_name, out)
+            continue
         source, name = _source(full_name)
         for batch in [int(b) for b in args.batches.split(",")]:
             original = source.export(name, str(out / "models"), batch)
@@ -342,7 +396,10 @@ def main(argv=None) -> int:
             for k, v in r["ms"].items())
             + " | compile " + ", ".join(f"{m} {s}" for m, s in r["compile_s"].items()))
     summary = {}
-    for group, members in (("fp32 models", [r for r in rows if "int8)" not in r["model"]]),
+    for group, members in (("fp32 models", [r for r in rows if "int8)" not in r["model"]
+                                            and not r["model"].startswith("dyn:")]),
+                           ("dynamic-shape models", [r for r in rows
+                                                    if r["model"].startswith("dyn:")]),
                            ("int8 models", [r for r in rows if "int8)" in r["model"]])):
         if not members:
             continue

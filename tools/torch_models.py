@@ -249,3 +249,42 @@ def export_onnx(build_fn, example_fn, name: str, out_dir: str, batch: int, prefi
             torch.onnx.export(build_fn(name), (example_fn(name, batch),), path, opset_version=17,
                               dynamo=False, input_names=["input"], output_names=["output"])
     return path
+
+
+# Token models whose sequence length a deployment varies: exported with symbolic batch and seq.
+SEQUENCE_MODELS = ("bert4l", "gpt2_4l")
+
+
+def example_at(name: str, batch: int, seq: int) -> torch.Tensor:
+    """Token ids of shape (batch, seq) for a SEQUENCE_MODELS entry."""
+    torch.manual_seed(1)
+    return torch.randint(0, 8192, (batch, seq))
+
+
+def export_dynamic(name: str, out_dir: str) -> str:
+    """`torch.onnx.export` at opset 17 with symbolic `batch` and `seq` (dynamic_axes), as
+    transformers are normally exported; cached by file name."""
+    if name not in SEQUENCE_MODELS:
+        raise SystemExit(f"dyn:{name}: only {', '.join(SEQUENCE_MODELS)} have a sequence dim")
+    path = os.path.join(out_dir, f"{name}_dynamic.onnx")
+    if not os.path.exists(path):
+        os.makedirs(out_dir, exist_ok=True)
+        axes = {0: "batch", 1: "seq"}
+        with torch.no_grad():
+            torch.onnx.export(build(name), (example_at(name, 1, 128),), path, opset_version=17,
+                              dynamo=False, input_names=["input"], output_names=["output"],
+                              dynamic_axes={"input": axes, "output": axes})
+    return path
+
+
+def export_at(name: str, out_dir: str, batch: int, seq: int) -> str:
+    """The same model exported with a static (batch, seq): the static build a dynamic one is
+    compared with."""
+    path = os.path.join(out_dir, f"{name}_b{batch}_s{seq}.onnx")
+    if not os.path.exists(path):
+        os.makedirs(out_dir, exist_ok=True)
+        with torch.no_grad():
+            torch.onnx.export(build(name), (example_at(name, batch, seq),), path,
+                              opset_version=17, dynamo=False, input_names=["input"],
+                              output_names=["output"])
+    return path
