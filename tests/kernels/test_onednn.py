@@ -18,11 +18,8 @@ RTOL = ATOL = 1e-4
 
 
 @pytest.fixture(scope="module", autouse=True)
-def extension():
-    try:
-        od.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
+def extension(onednn_extension):
+    return onednn_extension
 
 
 def count_packed(mod, name):

@@ -16,11 +16,8 @@ DIMS = [(1, 1), (1, 37), (3, 64), (2, 130)]  # (batch, seq) values each artifact
 
 
 @pytest.fixture(scope="module", autouse=True)
-def extension():
-    try:
-        od.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
+def extension(onednn_extension):
+    return onednn_extension
 
 
 def model(nodes, inputs, inits):

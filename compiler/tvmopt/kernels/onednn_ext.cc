@@ -488,6 +488,22 @@ void Conv2d(PackedArgs args, tvm::ffi::Any* rv) {
   rt.strm.wait();
 }
 
+// Strides of a matmul's b, given its logical dims (..., K, N), as it lies in memory: row-major
+// (..., K, N), or row-major (..., N, K) read transposed, without copying it.
+memory::dims BStrides(const memory::dims& b_dims, bool trans_b) {
+  int nd = static_cast<int>(b_dims.size());
+  int64_t K = b_dims[nd - 2], N = b_dims[nd - 1];
+  memory::dims strides(nd);
+  strides[nd - 2] = trans_b ? 1 : N;
+  strides[nd - 1] = trans_b ? K : 1;
+  int64_t acc = K * N;
+  for (int i = nd - 3; i >= 0; --i) {
+    strides[i] = acc;
+    acc *= b_dims[i];
+  }
+  return strides;
+}
+
 // a: (..., M, K) row-major. b: constant (K, N), or (N, K) with trans_b, optionally with batch
 // dims matching a's. A 2-D b folds a's batch dims into M, which is what dense layers are.
 void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
@@ -534,16 +550,7 @@ void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
   std::string key = MakeKey("matmul", bptr, at, {a_dims, b_dims, o_dims});
   std::shared_ptr<MatmulEntry> e = Cached(&g_matmul_cache, key, bptr, B.numel(), [&] {
     auto e = std::make_shared<MatmulEntry>();
-    // Plain strides describe a transposed b without copying it.
-    memory::dims b_strides(nd);
-    b_strides[nd - 2] = trans_b ? 1 : N;
-    b_strides[nd - 1] = trans_b ? K : 1;
-    int64_t acc = K * N;
-    for (int i = nd - 3; i >= 0; --i) {
-      b_strides[i] = acc;
-      acc *= b_dims[i];
-    }
-    memory::desc user_b_md(b_dims, dt::f32, b_strides);
+    memory::desc user_b_md(b_dims, dt::f32, BStrides(b_dims, trans_b));
     // bf16 compute: a and b in bf16 (a converted on each call), fp32 accumulation and output.
     dt cdt = at[kMMCompute] == kComputeBF16 ? dt::bf16 : dt::f32;
     e->user_a_md = memory::desc(a_dims, dt::f32, PlainTag(nd));
@@ -903,14 +910,7 @@ void BatchMatmul(PackedArgs args, tvm::ffi::Any* rv) {
                    o_dims[i] == std::max(a_dims[i], b_dims[i]))
         << "batch_matmul: batch dims do not broadcast";
   }
-  memory::dims b_strides(nd);
-  b_strides[nd - 2] = trans_b ? 1 : N;
-  b_strides[nd - 1] = trans_b ? K : 1;
-  int64_t acc = K * N;
-  for (int i = nd - 3; i >= 0; --i) {
-    b_strides[i] = acc;
-    acc *= b_dims[i];
-  }
+  memory::dims b_strides = BStrides(b_dims, trans_b);
 
   std::lock_guard<std::mutex> lock(g_mu);
   ApplyThreads();

@@ -94,8 +94,12 @@ def timing_dims(func, bounds: dict[str, tuple[int, int]]) -> dict[str, int]:
     return values
 
 
-def dim_value(expr, dims: dict[str, int]) -> int:
-    """An integer shape expression with its symbolic dims taken from `dims`."""
+def dim_value(expr, dims: dict[str, int], unknown: set[str] | None = None) -> int:
+    """An integer shape expression with its symbolic dims taken from `dims`.
+
+    A var missing from `dims` is an error, unless `unknown` is given: it then counts as 1 and
+    its name is added to `unknown` (a size only known at run time, e.g. NonZero's count).
+    """
     from tvm import tirx
     from tvm.sym import Analyzer
 
@@ -105,8 +109,20 @@ def dim_value(expr, dims: dict[str, int]) -> int:
         return int(expr.value)
     analyzer = Analyzer()
     for var in tirx.analysis.undefined_vars(expr):
-        analyzer.bind(var, tirx.const(int(dims[var.name]), str(getattr(var.ty, "dtype", "int64"))))
-    return int(analyzer.simplify(expr).value)
+        if var.name not in dims:
+            if unknown is None:
+                raise KeyError(f"symbolic dim {var.name} has no value")
+            unknown.add(var.name)
+        # a scalar tirx.Var carries its dtype in its type (`.dtype` is for buffer vars)
+        dtype = str(getattr(var.ty, "dtype", "int64"))
+        analyzer.bind(var, tirx.const(int(dims.get(var.name, 1)), dtype))
+    value = analyzer.simplify(expr)
+    if hasattr(value, "value"):
+        return int(value.value)
+    if unknown is None:
+        raise ValueError(f"shape {expr} does not reduce to a number")
+    unknown.add(str(expr))
+    return 1
 
 
 def random_inputs(func, rng, dims: dict[str, int] | None = None) -> list[np.ndarray]:

@@ -64,25 +64,9 @@ def _dim_value(expr, dims: dict[str, int], unknown: set[str]) -> int:
     A var that is not a model dim (a size computed at run time: a shape read from an input,
     NonZero's count) counts as 1 and is added to `unknown`.
     """
-    from tvm import tirx
-    from tvm.sym import Analyzer
+    from ..kernels.timing import dim_value
 
-    if isinstance(expr, int):
-        return expr
-    if hasattr(expr, "value"):
-        return int(expr.value)
-    analyzer = Analyzer()
-    for var in tirx.analysis.undefined_vars(expr):
-        if var.name not in dims:
-            unknown.add(var.name)
-        # a scalar tirx.Var carries its dtype in its type (`.dtype` is for buffer vars)
-        dtype = str(getattr(var.ty, "dtype", "int64"))
-        analyzer.bind(var, tirx.const(int(dims.get(var.name, 1)), dtype))
-    value = analyzer.simplify(expr)
-    if hasattr(value, "value"):
-        return int(value.value)
-    unknown.add(str(expr))
-    return 1
+    return dim_value(expr, dims, unknown)
 
 
 def _buffer_bytes(buf, dims: dict[str, int], unknown: set[str]) -> float:
