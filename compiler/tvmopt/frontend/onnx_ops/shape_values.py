@@ -11,6 +11,8 @@ for everything else.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 from . import register, tvm_converter
 
 
@@ -94,7 +96,14 @@ class Range:
             count = tirx.floordiv(limit - start + (step - 1), step)
         else:
             count = tirx.floordiv(start - limit + (-step - 1), -step)
-        count = analyzer.simplify(tirx.max(count, tirx.IntImm("int64", 0)))
+        count = tirx.max(count, tirx.IntImm("int64", 0))
+        # The symbolic operands are dims, never negative: knowing so, `max(seq, 0)` is `seq`,
+        # and the arange broadcasts against tensors of shape (.., seq, ..) without a
+        # `max(seq, 0)` the matmul legalizer cannot match.
+        with ExitStack() as scopes:
+            for var in tirx.analysis.undefined_vars(count):
+                scopes.enter_context(analyzer.constraint_scope(var >= 0))
+            count = analyzer.simplify(count)
         out = relax.op.arange(0, count, 1, "int64")
         if step != 1:
             out = relax.op.multiply(out, relax.const(step, "int64"))
@@ -303,10 +312,14 @@ def materialize_inputs(bb, nodes: dict, node):
     values = [nodes.get(n) if n else None for n in names]
     mixed_prims = op in PRIM_AWARE_OPS and any(_is_tensor_var(v) for v in values) \
         and op not in ("Reshape", "Range", "Unsqueeze", "Identity", "Cast", "CastLike")
+    # TVM's Concat takes shape values beside constants, not beside computed tensors: there the
+    # shape values become int64 tensors too (torch's `x.view(Shape(x)[0], t.size(1), ...)` with
+    # one dim computed from a tensor).
+    mixed_shapes = op == "Concat" and any(_is_tensor_var(v) for v in values)
     for k, (name, value) in enumerate(zip(names, values)):
         if value is None:
             continue
-        shape_val = _is_shape_value(value) and op not in SHAPE_AWARE_OPS
+        shape_val = _is_shape_value(value) and (op not in SHAPE_AWARE_OPS or mixed_shapes)
         prim_val = prim_of(value) is not None and (op not in PRIM_AWARE_OPS or mixed_prims)
         if not (shape_val or prim_val):
             continue
@@ -355,3 +368,57 @@ def _runtime_reshape(bb, data, shape, allowzero: int):
     from tvm.relax.frontend.onnx.onnx_frontend import _tensor_to_shape_expr
 
     return relax.op.reshape(data, _tensor_to_shape_expr(bb, shape, length, "reshape_dim"))
+
+
+def _has_min_max(expr) -> bool:
+    from tvm import tirx
+
+    if isinstance(expr, (tirx.Min, tirx.Max)):
+        return True
+    return any(_has_min_max(getattr(expr, k)) for k in ("a", "b", "value")
+               if tvm_is_prim(getattr(expr, k, None)))
+
+
+def tvm_is_prim(value) -> bool:
+    import tvm
+
+    return value is not None and tvm.ir.is_prim_expr(value)
+
+
+def dims_of(value) -> list:
+    """The symbolic (non-constant) dims of a tensor value's shape."""
+    from tvm import relax, tirx
+
+    ty = getattr(value, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return []
+    return [d for d in ty.shape.values if not isinstance(d, tirx.IntImm)]
+
+
+def tighten_shape(bb, value, known_dims):
+    """`value` with the clamps in its shape simplified away where the dims already seen rule
+    them out.
+
+    Shape inference clamps a slice's length, `min(max(n - 1, 0), n)` for `x[..., :-1]`, since it
+    cannot tell that `n - 1` is not negative; every dim of a tensor that exists is, so with
+    those facts the length is `n - 1` again, the same expression as the other operand's dim in
+    the add that follows (wav2vec2's position convolution), whose shape then stays known.
+    A simplified shape is asserted with a match_cast (checked when the artifact runs).
+    """
+    from tvm import relax
+    from tvm.sym.analyzer import Analyzer
+
+    ty = getattr(value, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return value
+    vals = list(ty.shape.values)
+    if not any(_has_min_max(v) for v in vals):
+        return value
+    analyzer = Analyzer()
+    with ExitStack() as scopes:
+        for d in known_dims:
+            scopes.enter_context(analyzer.constraint_scope(d >= 0))
+        new = [analyzer.simplify(v) for v in vals]
+    if all(a.same_as(b) for a, b in zip(vals, new)) or any(_has_min_max(v) for v in new):
+        return value
+    return bb.match_cast(value, relax.TensorType(new, ty.dtype))
