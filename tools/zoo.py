@@ -125,10 +125,14 @@ def _rel_err(got: dict, ref: dict) -> float:
     return worst
 
 
-def _feeds(name: str, dims: dict) -> dict:
+def _feeds(name: str, dims: dict, names=None) -> dict:
+    """The example inputs at `dims`, under `names` (the compiled model's input names, in order:
+    torch.export names them after forward's parameters) when given."""
     import zoo_models
 
-    return {k: v.numpy() for k, v in zoo_models.example(name, dims).items()}
+    values = [v.numpy() for v in zoo_models.example(name, dims).values()]
+    keys = names or list(zoo_models.example(name, dims))
+    return dict(zip(keys, values))
 
 
 def run_one(name: str, exporter: str, args) -> dict:
@@ -168,8 +172,9 @@ def run_one(name: str, exporter: str, args) -> dict:
     errors, worst = [], 0.0
     try:
         lm = load(res.artifact.path)
+        names = [i.name for i in lm.inputs]
         for dims in checks:
-            feeds = _feeds(name, dims)
+            feeds = _feeds(name, dims, names)
             got = lm.run(feeds)
             reference, ref = verify.reference_outputs(str(path), feeds)
             bad = [e for e in verify.compare(got, ref, verify.Tolerance(), reference)
@@ -204,7 +209,10 @@ def _time(name, exporter, model_path, artifact, args) -> dict:
 
     import zoo_models
 
-    feeds = _feeds(name, dict(zoo_models.ZOO[name].check))
+    from tvmopt.runtime.artifact import read_artifact
+
+    names = [i["name"] for i in read_artifact(artifact).manifest["inputs"]]
+    feeds = _feeds(name, dict(zoo_models.ZOO[name].check), names)
     specs = {"tvmopt": Spec("tvmopt", str(artifact))}
     if exporter == "pt2":
         specs["torch"] = Spec("torch", builder="zoo_models:build", builder_args=(name,),

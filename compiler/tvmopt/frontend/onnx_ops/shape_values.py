@@ -421,4 +421,74 @@ def tighten_shape(bb, value, known_dims):
         new = [analyzer.simplify(v) for v in vals]
     if all(a.same_as(b) for a, b in zip(vals, new)) or any(_has_min_max(v) for v in new):
         return value
-    return bb.match_cast(value, relax.TensorType(new, ty.dtype))
+    return bb.match_cast(_bound(bb, value), relax.TensorType(new, ty.dtype))
+
+
+def _bound(bb, value):
+    """`value` as a variable: a match_cast of an unbound call loses its type in later passes."""
+    from tvm import relax
+
+    return value if isinstance(value, relax.Var) else bb.emit(value)
+
+
+@register("Concat")
+def concat(bb, inputs, attr, params, opset):
+    """Concat whose inputs agree on every other axis only at run time: the spec requires them
+    equal, so each input is asserted (match_cast, checked when the artifact runs) to the first
+    one's dims there. A UNet's upsampled decoder map is `2 * (h // 8)` rows where its skip
+    connection has `h // 4`: equal for the sizes it takes, unprovable for a symbolic `h`, and
+    without the assertion the concatenation's shape, and everything after it, is unknown."""
+    from tvm import relax
+    from tvm.sym.analyzer import Analyzer
+
+    # Shape pieces that went through a tensor (Cast of a Shape slice: torch's `x.shape[2:]`
+    # passed to interpolate) are concatenated as the shape they are, so the dims stay symbolic.
+    axis = attr.get("axis", 0)
+    pieces = [_shape_dims(bb, v) for v in inputs if v is not None]
+    if pieces and all(p is not None for p in pieces) and \
+            any(const_ints(v) is None for v in inputs if v is not None):
+        return relax.ShapeExpr([d for p in pieces for d in p])
+    tensors = [v for v in inputs if v is not None]
+    known = [v for v in tensors if isinstance(getattr(v, "ty", None), relax.TensorType)
+             and isinstance(v.ty.shape, relax.ShapeExpr)]
+    if len(known) == len(tensors) > 1 and len({v.ty.ndim for v in known}) == 1:
+        rank = known[0].ty.ndim
+        axis = axis + rank if axis < 0 else axis
+        ref = list(known[0].ty.shape.values)
+        analyzer = Analyzer()
+        fixed = []
+        for v in inputs:
+            dims = list(v.ty.shape.values) if v is not None else None
+            if dims is not None and any(k != axis and not analyzer.can_prove_equal(d, r)
+                                        for k, (d, r) in enumerate(zip(dims, ref))):
+                target = [d if k == axis else r for k, (d, r) in enumerate(zip(dims, ref))]
+                v = bb.match_cast(_bound(bb, v), relax.TensorType(target, v.ty.dtype))
+            fixed.append(v)
+        inputs = fixed
+    return tvm_converter("Concat", opset)(bb, inputs, attr, params)
+
+
+def _shape_dims(bb, value):
+    """The dims of a shape value, or of an int tensor that is one (`shape_to_tensor(S)`, cast
+    to an int type, or a constant): a list of TIR expressions, else None."""
+    from tvm import relax, tirx
+
+    if isinstance(value, relax.ShapeExpr):
+        return list(value.values)
+    ints = const_ints(value)
+    if isinstance(ints, list):
+        return [tirx.IntImm("int64", int(i)) for i in ints]
+    seen = 0
+    while isinstance(value, (relax.Var, relax.Call)) and seen < 4:
+        seen += 1
+        bound = bb.lookup_binding(value) if isinstance(value, relax.Var) else value
+        if not isinstance(bound, relax.Call):
+            return None
+        name = getattr(bound.op, "name", "")
+        if name == "relax.shape_to_tensor" and isinstance(bound.args[0], relax.ShapeExpr):
+            return list(bound.args[0].values)
+        if name == "relax.astype" and "int" in str(bound.ty.dtype):
+            value = bound.args[0]
+            continue
+        return None
+    return None
