@@ -136,6 +136,10 @@ class CPUParams:
         return _FROM_TARGET[key]
 
     def lanes(self, dtype: str) -> int:
+        if str(dtype) == "bool":
+            # LLVM codegen refuses a vector store of bools (their lanes are computed as int8):
+            # masks stay scalar.
+            return 1
         return max(self.vector_bits // tvm_dtype_bits(dtype), 1)
 
 
@@ -224,7 +228,7 @@ def _vectorize_tail(sch, block, lanes):
         return
     inner = loops[-1]
     ext = _extent(sch, inner)
-    if ext is None or ext <= 1:
+    if ext is None or ext <= 1 or lanes <= 1:
         return
     if ext <= lanes:
         sch.vectorize(inner)
@@ -749,9 +753,30 @@ def post_schedule_passes():
     return [fold_packing]
 
 
+class BoolMaskRule(_LLVMRule):
+    """A reduction with a boolean mask fused in (an attention mask built beside the matmul it
+    gates): every rule after this one would vectorize the mask's blocks at a float width, and
+    LLVM refuses a vector store of bools. Each block's outer loop runs in parallel instead."""
+
+    def _apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if not infos or not any(b.is_reduction() for b in infos):
+            return None
+        if not any(str(w.source.dtype) == "bool" for b in infos
+                   for w in sch.get(b.block_rv).writes):
+            return None
+        for info in infos:
+            loops = sch.get_loops(info.block_rv)
+            if loops and info.is_injective():
+                sch.parallel(loops[0])
+        return sch
+
+
 def default_rules(params: CPUParams | None = None):
     """Rule order for ``dl.ApplyDefaultSchedule``: specific first, fallbacks last."""
     return [
+        BoolMaskRule(),
         MatmulRule(params),
         Conv2dRule(params),
         PoolRule(params),

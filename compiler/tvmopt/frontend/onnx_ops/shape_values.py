@@ -492,3 +492,25 @@ def _shape_dims(bb, value):
             continue
         return None
     return None
+
+
+@register("Tile")
+def tile(bb, inputs, attr, params, opset):
+    """Tile by repeats computed from shapes (DETR's `queries.unsqueeze(0).repeat(batch, 1, 1)`)
+    keeps the output dims symbolic (`batch * 1`) where TVM's converter gives them fresh vars
+    that match nothing downstream: x reshaped to (1, d0, 1, d1, ..), broadcast to
+    (r0, d0, r1, d1, ..) and flattened pairwise, which is tile's layout, r copies of each axis."""
+    from tvm import relax
+
+    x = inputs[0]
+    reps = _shape_dims(bb, inputs[1]) if inputs[1] is not None else None
+    ty = getattr(x, "ty", None)
+    if reps is None or const_ints(inputs[1]) is not None or not isinstance(ty, relax.TensorType) \
+            or not isinstance(ty.shape, relax.ShapeExpr) or len(reps) != ty.ndim:
+        return tvm_converter("Tile", opset)(bb, [x, as_shape_tensor(bb, inputs[1])], attr,
+                                            params)
+    dims = list(ty.shape.values)
+    inter = [v for d in dims for v in (1, d)]
+    wide = [v for r, d in zip(reps, dims) for v in (r, d)]
+    y = relax.op.broadcast_to(relax.op.reshape(x, relax.ShapeExpr(inter)), relax.ShapeExpr(wide))
+    return relax.op.reshape(y, relax.ShapeExpr([r * d for r, d in zip(reps, dims)]))
