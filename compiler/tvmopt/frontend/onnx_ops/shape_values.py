@@ -43,6 +43,17 @@ def as_shape_tensor(bb, value):
 
     prim = prim_of(value)
     if prim is not None:
+        if "float" in str(prim.ty):
+            from tvm.sym.analyzer import Analyzer
+
+            folded = Analyzer().simplify(prim)
+            if isinstance(folded, tirx.FloatImm):  # a static dim's float arithmetic
+                return relax.const(float(folded.value), str(prim.ty))
+        if "float" in str(prim.ty) and isinstance(prim, tirx.Cast) \
+                and "int" in str(prim.value.ty):
+            # A dim cast to float (MobileViT's `float(h) * 2`): the dim as a tensor, then cast;
+            # casting the float expression back to int64 would hand Mul an int64 operand.
+            return bb.normalize(relax.op.astype(as_shape_tensor(bb, prim.value), str(prim.ty)))
         if str(prim.ty) != "int64":
             prim = tirx.Cast("int64", prim)
         tensor = bb.normalize(relax.op.shape_to_tensor(relax.ShapeExpr([prim])))
