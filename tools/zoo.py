@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))  # zoo_models and bench_default beside this file
 EXPORTERS = ("torchscript", "dynamo", "pt2")
 MARK = "ZOO-RESULT "
 TIMEOUT_S = 900  # one entry: export, compile, checks, timing
@@ -47,6 +49,8 @@ def _args(argv):
     ap.add_argument("--exporter", default=",".join(EXPORTERS),
                     help=f"any of {', '.join(EXPORTERS)}")
     ap.add_argument("--target", default="host")
+    ap.add_argument("--dispatch", default=None,
+                    help="tvmopt's --dispatch (default: the product's default)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--runs", type=int, default=10, help="timed calls per runtime")
     ap.add_argument("--no-time", action="store_true", help="compile and check only")
@@ -156,7 +160,7 @@ def run_one(name: str, exporter: str, args) -> dict:
     t1 = time.perf_counter()
     try:
         res = tvmopt.compile_model(tvmopt.CompileOptions(
-            model=str(path), target=args.target, precision="fp32",
+            model=str(path), target=args.target, precision="fp32", dispatch=args.dispatch,
             output=str(out / "artifacts" / f"{name}.{exporter}")), log=lambda s: None)
     except TvmoptError as err:
         row.update(status="refused", message=str(err).splitlines()[0],
@@ -238,6 +242,8 @@ def _time(name, exporter, model_path, artifact, args) -> dict:
 def _child(name, exporter, args) -> dict:
     cmd = [sys.executable, str(Path(__file__)), "--one", f"{name}:{exporter}", "--out", args.out,
            "--target", args.target, "--threads", str(args.threads), "--runs", str(args.runs)]
+    if args.dispatch:
+        cmd += ["--dispatch", args.dispatch]
     if args.no_time:
         cmd.append("--no-time")
     t0 = time.perf_counter()
