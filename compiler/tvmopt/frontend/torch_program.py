@@ -242,6 +242,31 @@ def _naming_converters(importer) -> None:
     importer.convert_map = {k: wrap(k, v) for k, v in importer.convert_map.items()}
 
 
+def _cat_skips_empty(importer) -> None:
+    """torch.cat skips 1-d empty tensors beside tensors of any rank (a legacy rule that
+    transformers' KV caches rely on: a layer's cache starts as `torch.tensor([])` and grows by
+    `cat`); TVM's converter refuses the mixed ranks, so those inputs are dropped first."""
+    for op in ("cat.default", "concat.default"):
+        fn = importer.convert_map.get(op)
+        if fn is None:
+            continue
+
+        def convert(node, *rest, _fn=fn):
+            parts = node.args[0] if node.args else None
+            if isinstance(parts, (list, tuple)) and len(parts) > 1:
+                def empty_1d(p):
+                    val = getattr(p, "meta", {}).get("val")
+                    shape = getattr(val, "shape", None)
+                    return shape is not None and len(shape) == 1 and shape[0] == 0
+
+                kept = [p for p in parts if not empty_1d(p)]
+                if kept and len(kept) < len(parts):
+                    node.args = (kept, *node.args[1:])
+            return _fn(node, *rest)
+
+        importer.convert_map[op] = convert
+
+
 def _resolve_shapes(inputs: list[TensorInfo], overrides: dict[str, tuple[int, ...]],
                     bounds: dict[str, tuple[int, int | None]]) -> dict[str, int]:
     """The symbol values that --shape overrides imply, checked against the program.
@@ -325,6 +350,7 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
     missing = unsupported_ops(ep, importer.convert_map)
     if missing:
         raise UnsupportedOpError(_unsupported_message(missing))
+    _cat_skips_empty(importer)
     _naming_converters(importer)
     try:
         with _quiet():
