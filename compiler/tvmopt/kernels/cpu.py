@@ -423,11 +423,12 @@ class ContractionRule(_LLVMRule):
             return None
         if not c.write_is_spatial_identity() or not self.accepts(c):
             return None
-        # An extent that is an expression of a symbolic dim (a convolution's output length,
-        # (n - 105) // 80 + 1) defeats the region analysis of the register tile's cache under
-        # the fused parallel loop: the cache came out shared between iterations, a race that
-        # gave wrong results on two threads. A plain symbolic dim (seq) is analysed exactly.
-        if any(not isinstance(it.dom, (tirx.IntImm, tirx.Var)) for it in c.spatial + c.reduce):
+        # A reduction whose length is an expression of a symbolic dim (attention over a
+        # convolution's output length, (n - 105) // 80 + 1) defeats the region analysis of the
+        # register tile's cache under the fused parallel loop: the cache came out shared
+        # between iterations, a race that gave wrong results on two threads. A plain symbolic
+        # dim (seq) is analysed exactly, and so are such expressions as output extents.
+        if any(not isinstance(it.dom, (int, tirx.IntImm, tirx.Var)) for it in c.reduce):
             return None
         # Reductions along every operand's contiguous axis (layer norm, softmax, A @ B^T)
         # get nothing from vectorizing an output axis: leave them to GEMV / Reduction.
