@@ -423,12 +423,14 @@ class ContractionRule(_LLVMRule):
             return None
         if not c.write_is_spatial_identity() or not self.accepts(c):
             return None
-        # A reduction whose length is an expression of a symbolic dim (attention over a
-        # convolution's output length, (n - 105) // 80 + 1) defeats the region analysis of the
-        # register tile's cache under the fused parallel loop: the cache came out shared
-        # between iterations, a race that gave wrong results on two threads. A plain symbolic
-        # dim (seq) is analysed exactly, and so are such expressions as output extents.
-        if any(not isinstance(it.dom, (int, tirx.IntImm, tirx.Var)) for it in c.reduce):
+        # An extent that is an expression of a symbolic dim (a convolution's output length,
+        # (n - 105) // 80 + 1; a padded image, h + 2) defeats the index analysis of the tiles:
+        # the register tile's cache came out shared between the fused parallel iterations (a
+        # race: wrong results on two threads), and the split of a padded producer failed LLVM
+        # codegen. A plain symbolic dim (batch, seq) is analysed exactly; such kernels keep
+        # the fallback schedules.
+        if any(not isinstance(it.dom, (int, tirx.IntImm, tirx.Var))
+               for it in c.spatial + c.reduce):
             return None
         # Reductions along every operand's contiguous axis (layer norm, softmax, A @ B^T)
         # get nothing from vectorizing an output axis: leave them to GEMV / Reduction.
