@@ -221,6 +221,11 @@ def _divisors_leq(n, cap):
     return [d for d in range(min(n, cap), 0, -1) if n % d == 0]
 
 
+def _symbolic_expression(extent) -> bool:
+    """An extent that is neither a constant nor a plain symbolic dim (h + 2, (n - 1) // 8 + 1)."""
+    return not isinstance(extent, (int, tirx.IntImm, tirx.Var))
+
+
 def _vectorize_tail(sch, block, lanes):
     """Vectorize the innermost loop of ``block`` by at most ``lanes``."""
     loops = sch.get_loops(block)
@@ -243,6 +248,14 @@ def _parallel_vectorize(sch, block, lanes, max_inner=None):
     if not loops:
         return
     inner_ext = _extent(sch, loops[-1])
+    if any(_symbolic_expression(sch.get(lp).extent) for lp in loops):
+        # A loop over an expression of a symbolic dim (a padded image's h + 2): fusing it with
+        # the others gives an index LLVM codegen cannot split ("padding factor ... is not
+        # divisible"). The outer loop alone runs in parallel, the inner one vectorized.
+        sch.parallel(loops[0])
+        if len(loops) > 1:
+            _vectorize_tail(sch, block, lanes)
+        return
     if len(loops) > 1 and inner_ext is not None and inner_ext >= lanes:
         outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
         sch.parallel(outer)
