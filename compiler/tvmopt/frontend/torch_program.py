@@ -267,6 +267,26 @@ def _cat_skips_empty(importer) -> None:
         importer.convert_map[op] = convert
 
 
+def _float_divisor(importer) -> None:
+    """`torch.div(x, 2, rounding_mode="floor")` on a float tensor divides by 2.0 (torch
+    promotes the int scalar); TVM's converter made an int32 constant of it and refused the
+    mixed types (DETR's sine position embedding)."""
+    fn = importer.convert_map.get("div.Tensor_mode")
+    if fn is None:
+        return
+
+    def convert(node, *rest):
+        if len(node.args) >= 2 and isinstance(node.args[1], int) \
+                and not isinstance(node.args[1], bool):
+            val = getattr(node.args[0], "meta", {}).get("val")
+            if val is not None and getattr(val, "dtype", None) is not None \
+                    and val.dtype.is_floating_point:
+                node.args = (node.args[0], float(node.args[1]), *node.args[2:])
+        return fn(node, *rest)
+
+    importer.convert_map["div.Tensor_mode"] = convert
+
+
 def _resolve_shapes(inputs: list[TensorInfo], overrides: dict[str, tuple[int, ...]],
                     bounds: dict[str, tuple[int, int | None]]) -> dict[str, int]:
     """The symbol values that --shape overrides imply, checked against the program.
@@ -351,6 +371,7 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
     if missing:
         raise UnsupportedOpError(_unsupported_message(missing))
     _cat_skips_empty(importer)
+    _float_divisor(importer)
     _naming_converters(importer)
     try:
         with _quiet():
