@@ -37,8 +37,9 @@ FAMILY_REPRESENTATIVES = {
 
 
 def _args(tmp_path, **kw):
-    return types.SimpleNamespace(out=str(tmp_path), target="host", dispatch="codegen",
-                                 threads=2, runs=3, no_time=True, **kw)
+    return types.SimpleNamespace(**{"out": str(tmp_path), "target": "host",
+                                    "dispatch": "codegen", "threads": 2, "runs": 3,
+                                    "no_time": True, **kw})
 
 
 def test_every_family_has_a_representative():
