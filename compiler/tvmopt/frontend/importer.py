@@ -370,7 +370,14 @@ def _make_importer_class():
                 if ignored:
                     raise UnsupportedOpError(ignored)
             if isinstance(sym, relax.Expr):
+                from .onnx_ops import shape_values
+
                 sym = self.bb.normalize(sym)
+                known = self.__dict__.setdefault("_known_dims", {})
+                for v in list(inputs) + [sym]:
+                    for d in shape_values.dims_of(v):
+                        known.setdefault(str(d), d)
+                sym = shape_values.tighten_shape(self.bb, sym, list(known.values()))
             return sym
 
     return Importer

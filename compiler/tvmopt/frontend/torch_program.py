@@ -242,6 +242,51 @@ def _naming_converters(importer) -> None:
     importer.convert_map = {k: wrap(k, v) for k, v in importer.convert_map.items()}
 
 
+def _cat_skips_empty(importer) -> None:
+    """torch.cat skips 1-d empty tensors beside tensors of any rank (a legacy rule that
+    transformers' KV caches rely on: a layer's cache starts as `torch.tensor([])` and grows by
+    `cat`); TVM's converter refuses the mixed ranks, so those inputs are dropped first."""
+    for op in ("cat.default", "concat.default"):
+        fn = importer.convert_map.get(op)
+        if fn is None:
+            continue
+
+        def convert(node, *rest, _fn=fn):
+            parts = node.args[0] if node.args else None
+            if isinstance(parts, (list, tuple)) and len(parts) > 1:
+                def empty_1d(p):
+                    val = getattr(p, "meta", {}).get("val")
+                    shape = getattr(val, "shape", None)
+                    return shape is not None and len(shape) == 1 and shape[0] == 0
+
+                kept = [p for p in parts if not empty_1d(p)]
+                if kept and len(kept) < len(parts):
+                    node.args = (kept, *node.args[1:])
+            return _fn(node, *rest)
+
+        importer.convert_map[op] = convert
+
+
+def _float_divisor(importer) -> None:
+    """`torch.div(x, 2, rounding_mode="floor")` on a float tensor divides by 2.0 (torch
+    promotes the int scalar); TVM's converter made an int32 constant of it and refused the
+    mixed types (DETR's sine position embedding)."""
+    fn = importer.convert_map.get("div.Tensor_mode")
+    if fn is None:
+        return
+
+    def convert(node, *rest):
+        if len(node.args) >= 2 and isinstance(node.args[1], int) \
+                and not isinstance(node.args[1], bool):
+            val = getattr(node.args[0], "meta", {}).get("val")
+            if val is not None and getattr(val, "dtype", None) is not None \
+                    and val.dtype.is_floating_point:
+                node.args = (node.args[0], float(node.args[1]), *node.args[2:])
+        return fn(node, *rest)
+
+    importer.convert_map["div.Tensor_mode"] = convert
+
+
 def _resolve_shapes(inputs: list[TensorInfo], overrides: dict[str, tuple[int, ...]],
                     bounds: dict[str, tuple[int, int | None]]) -> dict[str, int]:
     """The symbol values that --shape overrides imply, checked against the program.
@@ -325,6 +370,8 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
     missing = unsupported_ops(ep, importer.convert_map)
     if missing:
         raise UnsupportedOpError(_unsupported_message(missing))
+    _cat_skips_empty(importer)
+    _float_divisor(importer)
     _naming_converters(importer)
     try:
         with _quiet():

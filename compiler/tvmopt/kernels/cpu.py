@@ -136,6 +136,10 @@ class CPUParams:
         return _FROM_TARGET[key]
 
     def lanes(self, dtype: str) -> int:
+        if str(dtype) == "bool":
+            # LLVM codegen refuses a vector store of bools (their lanes are computed as int8):
+            # masks stay scalar.
+            return 1
         return max(self.vector_bits // tvm_dtype_bits(dtype), 1)
 
 
@@ -217,6 +221,11 @@ def _divisors_leq(n, cap):
     return [d for d in range(min(n, cap), 0, -1) if n % d == 0]
 
 
+def _symbolic_expression(extent) -> bool:
+    """An extent that is neither a constant nor a plain symbolic dim (h + 2, (n - 1) // 8 + 1)."""
+    return not isinstance(extent, (int, tirx.IntImm, tirx.Var))
+
+
 def _vectorize_tail(sch, block, lanes):
     """Vectorize the innermost loop of ``block`` by at most ``lanes``."""
     loops = sch.get_loops(block)
@@ -224,7 +233,7 @@ def _vectorize_tail(sch, block, lanes):
         return
     inner = loops[-1]
     ext = _extent(sch, inner)
-    if ext is None or ext <= 1:
+    if ext is None or ext <= 1 or lanes <= 1:
         return
     if ext <= lanes:
         sch.vectorize(inner)
@@ -239,6 +248,14 @@ def _parallel_vectorize(sch, block, lanes, max_inner=None):
     if not loops:
         return
     inner_ext = _extent(sch, loops[-1])
+    if any(_symbolic_expression(sch.get(lp).extent) for lp in loops):
+        # A loop over an expression of a symbolic dim (a padded image's h + 2): fusing it with
+        # the others gives an index LLVM codegen cannot split ("padding factor ... is not
+        # divisible"). The outer loop alone runs in parallel, the inner one vectorized.
+        sch.parallel(loops[0])
+        if len(loops) > 1:
+            _vectorize_tail(sch, block, lanes)
+        return
     if len(loops) > 1 and inner_ext is not None and inner_ext >= lanes:
         outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
         sch.parallel(outer)
@@ -418,6 +435,15 @@ class ContractionRule(_LLVMRule):
         if not c.spatial or not c.reduce or not c.order_ok:
             return None
         if not c.write_is_spatial_identity() or not self.accepts(c):
+            return None
+        # An extent that is an expression of a symbolic dim (a convolution's output length,
+        # (n - 105) // 80 + 1; a padded image, h + 2) defeats the index analysis of the tiles:
+        # the register tile's cache came out shared between the fused parallel iterations (a
+        # race: wrong results on two threads), and the split of a padded producer failed LLVM
+        # codegen. A plain symbolic dim (batch, seq) is analysed exactly; such kernels keep
+        # the fallback schedules.
+        if any(not isinstance(it.dom, (int, tirx.IntImm, tirx.Var))
+               for it in c.spatial + c.reduce):
             return None
         # Reductions along every operand's contiguous axis (layer norm, softmax, A @ B^T)
         # get nothing from vectorizing an output axis: leave them to GEMV / Reduction.
@@ -808,9 +834,30 @@ def post_schedule_passes():
     return [fold_packing]
 
 
+class BoolMaskRule(_LLVMRule):
+    """A reduction with a boolean mask fused in (an attention mask built beside the matmul it
+    gates): every rule after this one would vectorize the mask's blocks at a float width, and
+    LLVM refuses a vector store of bools. Each block's outer loop runs in parallel instead."""
+
+    def _apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if not infos or not any(b.is_reduction() for b in infos):
+            return None
+        if not any(str(w.source.dtype) == "bool" for b in infos
+                   for w in sch.get(b.block_rv).writes):
+            return None
+        for info in infos:
+            loops = sch.get_loops(info.block_rv)
+            if loops and info.is_injective():
+                sch.parallel(loops[0])
+        return sch
+
+
 def default_rules(params: CPUParams | None = None):
     """Rule order for ``dl.ApplyDefaultSchedule``: specific first, fallbacks last."""
     return [
+        BoolMaskRule(),
         MatmulRule(params),
         Conv2dRule(params),
         PoolRule(params),

@@ -188,6 +188,10 @@ class Resize:
         x = inputs[0]
         from .run_time_operands import is_run_time
 
+        symbolic = _symbolic_resize(bb, x, inputs, attr, params, text)
+        if symbolic is not None:
+            return symbolic
+
         if any(is_run_time(v, params) for v in inputs[1:4]):
             def operand(v, name):
                 return v if is_run_time(v, params) else _constant_tensor(v, params, name)
@@ -238,6 +242,99 @@ class Resize:
             y = _apply_axis(bb, y, a, rank, w, mask, extrapolation, dtype)
         return y
 
+
+
+# ---------------------------------------------------------------------------------------------
+# symbolic image sizes: TVM's resize2d, which interpolates from the sizes when the artifact runs
+
+_TOPI_COORD_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel",
+                     "tf_half_pixel_for_nn")
+
+
+def _symbolic_resize(bb, x, inputs, attr, params, text):
+    """Resize of an NCHW image whose H/W are symbolic, or whose target size is (a fully
+    convolutional net resized to any input, DeepLab's logits resized to the input's size):
+    `relax.op.image.resize2d`, whose kernel computes the interpolation from the sizes at run
+    time. None when the per-axis weight matrices above apply (every resized size static) or
+    the node asks for what resize2d does not compute as ONNX defines it (antialias, a kept
+    aspect ratio, axes, a non-integer scale of a symbolic dim, whose output size ONNX rounds
+    while resize2d would use the rounded ratio).
+
+    Raises:
+        ValueError: `sizes` given at run time whose batch/channel entries are not x's own.
+    """
+    import numpy as np
+    from tvm import relax, tirx
+
+    from .run_time_operands import is_run_time, shape_vars
+
+    if x.ty.ndim != 4 or not isinstance(x.ty.shape, relax.ShapeExpr):
+        return None
+    shape = list(x.ty.shape.values)
+    roi, scales_in, sizes_in = inputs[1:4]
+    if attr.get("antialias", 0) or attr.get("axes") is not None \
+            or text("keep_aspect_ratio_policy", "stretch") != "stretch":
+        return None
+    coord = text("coordinate_transformation_mode", "half_pixel")
+    mode = text("mode", "nearest")
+    nearest_mode = text("nearest_mode", "round_prefer_floor")  # read: only nearest uses it
+    if coord not in _TOPI_COORD_MODES or mode not in ("nearest", "linear", "cubic"):
+        return None
+    if roi is not None and is_run_time(roi, params):
+        return None
+    static_hw = all(isinstance(d, tirx.IntImm) for d in shape[2:])
+    if sizes_in is not None and is_run_time(sizes_in, params):
+        if static_hw and not any(not isinstance(d, tirx.IntImm) for d in shape[:2]):
+            return None  # a static image at run-time sizes: the run-time weights path
+        length = getattr(sizes_in.ty, "shape", None)
+        if length is None or len(length) != 1 or not isinstance(length[0], tirx.IntImm) \
+                or int(length[0]) != 4:
+            return None
+        if str(sizes_in.ty.dtype) != "int64":
+            sizes_in = bb.normalize(relax.op.astype(sizes_in, "int64"))
+        # The batch and channel entries must be x's own: the match_cast checks it at run time.
+        out_hw = [tirx.Var(f"resize_h{id(sizes_in) % 10007}", "int64"),
+                  tirx.Var(f"resize_w{id(sizes_in) % 10007}", "int64")]
+        value = bb.emit(relax.op.tensor_to_shape(sizes_in))
+        bb.match_cast(value, relax.ShapeType([shape[0], shape[1], *out_hw]))
+        size = out_hw
+    elif isinstance(sizes_in, relax.ShapeExpr):
+        vals = list(sizes_in.values)
+        if len(vals) != 4 or not all(_same_dim(a, b) for a, b in zip(vals[:2], shape[:2])):
+            return None
+        if static_hw and all(isinstance(v, tirx.IntImm) for v in vals[2:]):
+            return None
+        size = vals[2:]
+    else:
+        if static_hw or scales_in is None or is_run_time(scales_in, params):
+            return None
+        scales = _constant(scales_in, params, "scales")
+        if scales is None or len(scales) != 4 or list(scales[:2]) != [1.0, 1.0]:
+            return None
+        if any(v < 1 or v != np.floor(v) for v in scales[2:]):
+            return None
+        size = [d * int(v) for d, v in zip(shape[2:], scales[2:])]
+    roi_static = [0.0] * 4
+    if roi is not None:
+        arr = _constant(roi, params, "roi")
+        if arr is not None and len(arr) == 8:
+            roi_static = [float(v) for v in (arr[2], arr[3], arr[6], arr[7])]
+    return relax.op.image.resize2d(
+        x, size=relax.ShapeExpr(size), roi=roi_static, layout="NCHW",
+        method="nearest_neighbor" if mode == "nearest" else mode,
+        coordinate_transformation_mode=coord,
+        rounding_method=nearest_mode if mode == "nearest" else "",
+        cubic_alpha=float(attr.get("cubic_coeff_a", -0.75)),
+        cubic_exclude=int(attr.get("exclude_outside", 0)),
+        extrapolation_value=float(attr.get("extrapolation_value", 0.0)))
+
+
+def _same_dim(a, b) -> bool:
+    from tvm import tirx
+
+    if isinstance(a, tirx.IntImm) and isinstance(b, tirx.IntImm):
+        return int(a) == int(b)
+    return a.same_as(b)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ for everything else.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 from . import register, tvm_converter
 
 
@@ -41,6 +43,17 @@ def as_shape_tensor(bb, value):
 
     prim = prim_of(value)
     if prim is not None:
+        if "float" in str(prim.ty):
+            from tvm.sym.analyzer import Analyzer
+
+            folded = Analyzer().simplify(prim)
+            if isinstance(folded, tirx.FloatImm):  # a static dim's float arithmetic
+                return relax.const(float(folded.value), str(prim.ty))
+        if "float" in str(prim.ty) and isinstance(prim, tirx.Cast) \
+                and "int" in str(prim.value.ty):
+            # A dim cast to float (MobileViT's `float(h) * 2`): the dim as a tensor, then cast;
+            # casting the float expression back to int64 would hand Mul an int64 operand.
+            return bb.normalize(relax.op.astype(as_shape_tensor(bb, prim.value), str(prim.ty)))
         if str(prim.ty) != "int64":
             prim = tirx.Cast("int64", prim)
         tensor = bb.normalize(relax.op.shape_to_tensor(relax.ShapeExpr([prim])))
@@ -94,7 +107,14 @@ class Range:
             count = tirx.floordiv(limit - start + (step - 1), step)
         else:
             count = tirx.floordiv(start - limit + (-step - 1), -step)
-        count = analyzer.simplify(tirx.max(count, tirx.IntImm("int64", 0)))
+        count = tirx.max(count, tirx.IntImm("int64", 0))
+        # The symbolic operands are dims, never negative: knowing so, `max(seq, 0)` is `seq`,
+        # and the arange broadcasts against tensors of shape (.., seq, ..) without a
+        # `max(seq, 0)` the matmul legalizer cannot match.
+        with ExitStack() as scopes:
+            for var in tirx.analysis.undefined_vars(count):
+                scopes.enter_context(analyzer.constraint_scope(var >= 0))
+            count = analyzer.simplify(count)
         out = relax.op.arange(0, count, 1, "int64")
         if step != 1:
             out = relax.op.multiply(out, relax.const(step, "int64"))
@@ -303,10 +323,14 @@ def materialize_inputs(bb, nodes: dict, node):
     values = [nodes.get(n) if n else None for n in names]
     mixed_prims = op in PRIM_AWARE_OPS and any(_is_tensor_var(v) for v in values) \
         and op not in ("Reshape", "Range", "Unsqueeze", "Identity", "Cast", "CastLike")
+    # TVM's Concat takes shape values beside constants, not beside computed tensors: there the
+    # shape values become int64 tensors too (torch's `x.view(Shape(x)[0], t.size(1), ...)` with
+    # one dim computed from a tensor).
+    mixed_shapes = op == "Concat" and any(_is_tensor_var(v) for v in values)
     for k, (name, value) in enumerate(zip(names, values)):
         if value is None:
             continue
-        shape_val = _is_shape_value(value) and op not in SHAPE_AWARE_OPS
+        shape_val = _is_shape_value(value) and (op not in SHAPE_AWARE_OPS or mixed_shapes)
         prim_val = prim_of(value) is not None and (op not in PRIM_AWARE_OPS or mixed_prims)
         if not (shape_val or prim_val):
             continue
@@ -355,3 +379,149 @@ def _runtime_reshape(bb, data, shape, allowzero: int):
     from tvm.relax.frontend.onnx.onnx_frontend import _tensor_to_shape_expr
 
     return relax.op.reshape(data, _tensor_to_shape_expr(bb, shape, length, "reshape_dim"))
+
+
+def _has_min_max(expr) -> bool:
+    from tvm import tirx
+
+    if isinstance(expr, (tirx.Min, tirx.Max)):
+        return True
+    return any(_has_min_max(getattr(expr, k)) for k in ("a", "b", "value")
+               if tvm_is_prim(getattr(expr, k, None)))
+
+
+def tvm_is_prim(value) -> bool:
+    import tvm
+
+    return value is not None and tvm.ir.is_prim_expr(value)
+
+
+def dims_of(value) -> list:
+    """The symbolic (non-constant) dims of a tensor value's shape."""
+    from tvm import relax, tirx
+
+    ty = getattr(value, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return []
+    return [d for d in ty.shape.values if not isinstance(d, tirx.IntImm)]
+
+
+def tighten_shape(bb, value, known_dims):
+    """`value` with the clamps in its shape simplified away where the dims already seen rule
+    them out.
+
+    Shape inference clamps a slice's length, `min(max(n - 1, 0), n)` for `x[..., :-1]`, since it
+    cannot tell that `n - 1` is not negative; every dim of a tensor that exists is, so with
+    those facts the length is `n - 1` again, the same expression as the other operand's dim in
+    the add that follows (wav2vec2's position convolution), whose shape then stays known.
+    A simplified shape is asserted with a match_cast (checked when the artifact runs).
+    """
+    from tvm import relax
+    from tvm.sym.analyzer import Analyzer
+
+    ty = getattr(value, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return value
+    vals = list(ty.shape.values)
+    if not any(_has_min_max(v) for v in vals):
+        return value
+    analyzer = Analyzer()
+    with ExitStack() as scopes:
+        for d in known_dims:
+            scopes.enter_context(analyzer.constraint_scope(d >= 0))
+        new = [analyzer.simplify(v) for v in vals]
+    if all(a.same_as(b) for a, b in zip(vals, new)) or any(_has_min_max(v) for v in new):
+        return value
+    return bb.match_cast(_bound(bb, value), relax.TensorType(new, ty.dtype))
+
+
+def _bound(bb, value):
+    """`value` as a variable: a match_cast of an unbound call loses its type in later passes."""
+    from tvm import relax
+
+    return value if isinstance(value, relax.Var) else bb.emit(value)
+
+
+@register("Concat")
+def concat(bb, inputs, attr, params, opset):
+    """Concat whose inputs agree on every other axis only at run time: the spec requires them
+    equal, so each input is asserted (match_cast, checked when the artifact runs) to the first
+    one's dims there. A UNet's upsampled decoder map is `2 * (h // 8)` rows where its skip
+    connection has `h // 4`: equal for the sizes it takes, unprovable for a symbolic `h`, and
+    without the assertion the concatenation's shape, and everything after it, is unknown."""
+    from tvm import relax
+    from tvm.sym.analyzer import Analyzer
+
+    # Shape pieces that went through a tensor (Cast of a Shape slice: torch's `x.shape[2:]`
+    # passed to interpolate) are concatenated as the shape they are, so the dims stay symbolic.
+    axis = attr.get("axis", 0)
+    pieces = [_shape_dims(bb, v) for v in inputs if v is not None]
+    if pieces and all(p is not None for p in pieces) and \
+            any(const_ints(v) is None for v in inputs if v is not None):
+        return relax.ShapeExpr([d for p in pieces for d in p])
+    tensors = [v for v in inputs if v is not None]
+    known = [v for v in tensors if isinstance(getattr(v, "ty", None), relax.TensorType)
+             and isinstance(v.ty.shape, relax.ShapeExpr)]
+    if len(known) == len(tensors) > 1 and len({v.ty.ndim for v in known}) == 1:
+        rank = known[0].ty.ndim
+        axis = axis + rank if axis < 0 else axis
+        ref = list(known[0].ty.shape.values)
+        analyzer = Analyzer()
+        fixed = []
+        for v in inputs:
+            dims = list(v.ty.shape.values) if v is not None else None
+            if dims is not None and any(k != axis and not analyzer.can_prove_equal(d, r)
+                                        for k, (d, r) in enumerate(zip(dims, ref))):
+                target = [d if k == axis else r for k, (d, r) in enumerate(zip(dims, ref))]
+                v = bb.match_cast(_bound(bb, v), relax.TensorType(target, v.ty.dtype))
+            fixed.append(v)
+        inputs = fixed
+    return tvm_converter("Concat", opset)(bb, inputs, attr, params)
+
+
+def _shape_dims(bb, value):
+    """The dims of a shape value, or of an int tensor that is one (`shape_to_tensor(S)`, cast
+    to an int type, or a constant): a list of TIR expressions, else None."""
+    from tvm import relax, tirx
+
+    if isinstance(value, relax.ShapeExpr):
+        return list(value.values)
+    ints = const_ints(value)
+    if isinstance(ints, list):
+        return [tirx.IntImm("int64", int(i)) for i in ints]
+    seen = 0
+    while isinstance(value, (relax.Var, relax.Call)) and seen < 4:
+        seen += 1
+        bound = bb.lookup_binding(value) if isinstance(value, relax.Var) else value
+        if not isinstance(bound, relax.Call):
+            return None
+        name = getattr(bound.op, "name", "")
+        if name == "relax.shape_to_tensor" and isinstance(bound.args[0], relax.ShapeExpr):
+            return list(bound.args[0].values)
+        if name == "relax.astype" and "int" in str(bound.ty.dtype):
+            value = bound.args[0]
+            continue
+        return None
+    return None
+
+
+@register("Tile")
+def tile(bb, inputs, attr, params, opset):
+    """Tile by repeats computed from shapes (DETR's `queries.unsqueeze(0).repeat(batch, 1, 1)`)
+    keeps the output dims symbolic (`batch * 1`) where TVM's converter gives them fresh vars
+    that match nothing downstream: x reshaped to (1, d0, 1, d1, ..), broadcast to
+    (r0, d0, r1, d1, ..) and flattened pairwise, which is tile's layout, r copies of each axis."""
+    from tvm import relax
+
+    x = inputs[0]
+    reps = _shape_dims(bb, inputs[1]) if inputs[1] is not None else None
+    ty = getattr(x, "ty", None)
+    if reps is None or const_ints(inputs[1]) is not None or not isinstance(ty, relax.TensorType) \
+            or not isinstance(ty.shape, relax.ShapeExpr) or len(reps) != ty.ndim:
+        return tvm_converter("Tile", opset)(bb, [x, as_shape_tensor(bb, inputs[1])], attr,
+                                            params)
+    dims = list(ty.shape.values)
+    inter = [v for d in dims for v in (1, d)]
+    wide = [v for r, d in zip(reps, dims) for v in (r, d)]
+    y = relax.op.broadcast_to(relax.op.reshape(x, relax.ShapeExpr(inter)), relax.ShapeExpr(wide))
+    return relax.op.reshape(y, relax.ShapeExpr([r * d for r, d in zip(reps, dims)]))
