@@ -6,6 +6,10 @@ projection for all steps is one matmul up front). A symbolic sequence length is 
 `sequence_lens` (run-time, per batch entry) is honoured by masking: past a sequence's end its
 state is held and its Y rows are zero, as onnxruntime does; reverse directions then start at each
 sequence's own last step, since the held state stays the initial one until that step.
+
+Each node becomes a call of a private function holding that unrolled body and, as an attribute,
+the node's description (passes.recurrent): the dispatch phase may replace the call with a
+library's whole-layer kernel (oneDNN's RNN primitives); otherwise the body is inlined back.
 """
 
 from __future__ import annotations
@@ -156,7 +160,52 @@ def _direction(bb, op, attr, xw, r, rb, p, h0, c0, mask, steps, reverse, acts, m
     return ys, h, cell
 
 
+_INPUTS = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
+
+
+def _json_attr(value):
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, (list, tuple)):
+        return [_json_attr(v) for v in value]
+    if isinstance(value, (int, float, str)) or value is None:
+        return value
+    return float(value) if hasattr(value, "__float__") else str(value)
+
+
 def _convert(op: str, bb, inputs, attr):
+    """The node as a call of a private function whose body is the unrolled recurrence and
+    whose RECURRENT_ATTR describes the node (see the module docstring)."""
+    import json
+
+    from tvm import relax
+
+    from ...passes.recurrent import RECURRENT_ATTR
+
+    inputs = (list(inputs) + [None] * 8)[:8]
+    if op != "LSTM":
+        inputs[6:] = [None, None]
+    present = [i for i, v in enumerate(inputs) if v is not None]
+    args = [bb.normalize(inputs[i]) for i in present]
+    _static_len(bb, args[0], 1 if attr.get("layout", 0) else 0, op)  # refused by name here
+    inner = relax.BlockBuilder()
+    params = [relax.Var(_INPUTS[i], a.ty) for i, a in zip(present, args)]
+    positional = [None] * 8
+    for i, v in zip(present, params):
+        positional[i] = v
+    with inner.function(op.lower(), params, private=True):
+        with inner.dataflow():
+            out = _unrolled(op, inner, positional, attr)
+            out = inner.emit_output(out)
+        inner.emit_func_output(out)
+    spec = {"op": op, "inputs": [_INPUTS[i] for i in present],
+            "attrs": {k: _json_attr(v) for k, v in attr.items()}}
+    func = inner.get()[op.lower()].with_attr(RECURRENT_ATTR, json.dumps(spec, sort_keys=True))
+    gv = bb.add_func(func, f"tvmopt_{op.lower()}")
+    return bb.emit(relax.Call(gv, args))
+
+
+def _unrolled(op: str, bb, inputs, attr):
     from tvm import relax
 
     inputs = list(inputs) + [None] * 8
