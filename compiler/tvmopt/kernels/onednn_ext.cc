@@ -897,7 +897,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
 // sequence_lens: oneDNN has no per-sequence length, so batch entries are grouped by length and
 // each group runs its own primitive over its own steps (a reverse direction then starts at the
 // sequence's own last step, as ONNX defines); rows past a sequence's end are zero, and its
-// final states are those of its last step. With every length equal to T this is one call.
+// final states are those of its last step (zeros for a sequence of no steps, as onnxruntime). With every length equal to T this is one call.
 namespace {
 
 enum RnnAttr {
@@ -1000,10 +1000,17 @@ std::shared_ptr<RnnEntry> CreateRnn(const std::vector<int64_t>& a, int64_t T, in
 void RunRnn(RnnEntry* e, int64_t T, int64_t N, int64_t D, int64_t H, float* x, float* h0,
             float* c0, float* y, float* yh, float* yc, bool lstm) {
   Runtime& rt = GetRuntime();
+  // The primitive always takes initial states: absent ones are zeros, as ONNX defines them.
+  std::vector<float> zeros;
+  if (h0 == nullptr || (lstm && c0 == nullptr)) {
+    zeros.assign(D * N * H, 0.f);
+    if (h0 == nullptr) h0 = zeros.data();
+    if (c0 == nullptr) c0 = zeros.data();
+  }
   std::unordered_map<int, memory> args;
   args[DNNL_ARG_SRC_LAYER] = memory(e->src_layer_md, rt.eng, x);
-  if (h0) args[DNNL_ARG_SRC_ITER] = memory(e->state_md, rt.eng, h0);
-  if (lstm && c0) args[DNNL_ARG_SRC_ITER_C] = memory(e->state_md, rt.eng, c0);
+  args[DNNL_ARG_SRC_ITER] = memory(e->state_md, rt.eng, h0);
+  if (lstm) args[DNNL_ARG_SRC_ITER_C] = memory(e->state_md, rt.eng, c0);
   args[DNNL_ARG_WEIGHTS_LAYER] = e->w_layer;
   args[DNNL_ARG_WEIGHTS_ITER] = e->w_iter;
   args[DNNL_ARG_BIAS] = e->bias;
@@ -1137,9 +1144,9 @@ void Rnn(PackedArgs args, tvm::ffi::Any* rv) {
           for (int64_t j = 0; j < nb; ++j)
             std::memcpy(y + ((t * D + d) * N + rows[j]) * H, gy.data() + ((t * D + d) * nb + j) * H,
                         H * sizeof(float));
-    } else {  // no steps: the final states are the initial ones
-      oh = gh;
-      oc = gc;
+    } else {  // no steps: zero final states, as onnxruntime gives them
+      std::fill(oh.begin(), oh.end(), 0.f);
+      std::fill(oc.begin(), oc.end(), 0.f);
     }
     for (int64_t d = 0; d < D; ++d)
       for (int64_t j = 0; j < nb; ++j) {

@@ -4,7 +4,8 @@ TVM 0.27's Relax frontend has no recurrent ops. The sequence length is static in
 cases and in most exported models, so each step is emitted as plain Relax ops (the input
 projection for all steps is one matmul up front). A symbolic sequence length is refused by name.
 `sequence_lens` (run-time, per batch entry) is honoured by masking: past a sequence's end its
-state is held and its Y rows are zero, as onnxruntime does; reverse directions then start at each
+state is held and its Y rows are zero, as onnxruntime does (a sequence of no steps ends with zero
+states); reverse directions then start at each
 sequence's own last step, since the held state stays the initial one until that step.
 
 Each node becomes a call of a private function holding that unrolled body and, as an attribute,
@@ -198,8 +199,10 @@ def _convert(op: str, bb, inputs, attr):
             out = _unrolled(op, inner, positional, attr)
             out = inner.emit_output(out)
         inner.emit_func_output(out)
+    # tvm_custom (the node's name, added by TVM's importer) is left out: the description is what
+    # the node computes, shared by every node that computes the same.
     spec = {"op": op, "inputs": [_INPUTS[i] for i in present],
-            "attrs": {k: _json_attr(v) for k, v in attr.items()}}
+            "attrs": {k: _json_attr(v) for k, v in attr.items() if k != "tvm_custom"}}
     func = inner.get()[op.lower()].with_attr(RECURRENT_ATTR, json.dumps(spec, sort_keys=True))
     gv = bb.add_func(func, f"tvmopt_{op.lower()}")
     return bb.emit(relax.Call(gv, args))
@@ -235,6 +238,8 @@ def _unrolled(op: str, bb, inputs, attr):
         # mask[t]: [B, 1] booleans, t < sequence_lens[b]
         lens = bb.emit(relax.op.expand_dims(relax.op.astype(seq_lens, "int64"), -1))
         mask = [bb.emit(relax.op.less(relax.const(t, "int64"), lens)) for t in range(steps)]
+        # A sequence of no steps ends with zero states (onnxruntime), not its initial ones.
+        ended = mask[0] if steps else None
 
     zeros = relax.op.zeros(relax.ShapeExpr([batch, hidden]), dtype)
     y_dirs, h_last, c_last = [], [], []
@@ -263,6 +268,10 @@ def _unrolled(op: str, bb, inputs, attr):
                                  state(c0) if op == "LSTM" else None, mask, steps, reverse,
                                  acts[d], make, dtype)
         y_dirs.append(bb.emit(relax.op.stack(ys, axis=0)))  # [T, B, H]
+        if mask is not None:
+            h = bb.emit(relax.op.where(ended, h, relax.const(0.0, dtype)))
+            if cell is not None:
+                cell = bb.emit(relax.op.where(ended, cell, relax.const(0.0, dtype)))
         h_last.append(h)
         c_last.append(cell)
     y = bb.emit(relax.op.stack(y_dirs, axis=1))  # [T, D, B, H]
