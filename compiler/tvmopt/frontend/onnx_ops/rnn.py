@@ -84,12 +84,18 @@ def _static_len(bb, x, axis: int, op: str) -> int:
 
 
 def _split(bb, x, n: int, axis: int) -> list:
+    """n equal parts of x along axis, as slices: a slice fuses into the elementwise kernel that
+    reads it, where a split is a kernel of its own (one per gate block per step)."""
     from tvm import relax
 
     if n == 1:
         return [x]
-    parts = bb.emit(relax.op.split(x, n, axis=axis))
-    return [bb.emit(relax.TupleGetItem(parts, i)) for i in range(n)]
+    x = bb.normalize(x)
+    ndim = len(x.ty.shape.values)
+    axis = axis % ndim
+    size = int(x.ty.shape.values[axis]) // n
+    return [bb.emit(relax.op.strided_slice(x, [axis], [i * size], [(i + 1) * size]))
+            for i in range(n)]
 
 
 def _direction(bb, op, attr, xw, r, rb, p, h0, c0, mask, steps, reverse, acts, make, dtype):
