@@ -191,3 +191,11 @@ def test_auto_dispatch_times_both_sides(tmp_path, monkeypatch):
     assert library_calls(mod) == (rnn[0].choice == "library")
     for g, e in zip(run(feeds), run_onnxruntime(model, feeds), strict=True):
         np.testing.assert_allclose(g, e, rtol=TOL, atol=TOL)
+
+
+@pytest.mark.parametrize("apart", ["0", "1"])
+def test_bidirectional_directions_together_or_apart(apart, monkeypatch):
+    """A bidirectional node runs as one primitive, or (two threads or more) as its two
+    directions at once on a thread each: the same results either way."""
+    monkeypatch.setenv("TVMOPT_RNN_SPLIT_DIRECTIONS", apart)
+    check(*case("LSTM", "bidirectional", peepholes=True, seed=11))

@@ -447,8 +447,12 @@ def recurrent_passes(target, cfg, build_with, quiet) -> tuple[list, list]:
     def dispatch(mod, ctx):
         from . import onednn
 
+        import platform
+
         if not recurrent_functions(mod):
             return mod
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            return inline_recurrent(mod)  # the conv2d/matmul pass notes why
         try:
             onednn.load_extension()
         except Exception:  # noqa: BLE001 - the conv2d/matmul pass notes the missing library

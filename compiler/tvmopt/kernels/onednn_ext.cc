@@ -913,6 +913,7 @@ struct RnnEntry {
   memory w_layer, w_iter, bias, peephole;
   memory::desc src_layer_md, state_md, dst_layer_md;
   memory dst_layer_buf;  // bidirectional: oneDNN's [T, B, 2H], copied into ONNX's [T, 2, B, H]
+  memory scratchpad;  // the entry's own, so that two entries may run at the same time
   std::vector<float> fingerprint;
 };
 
@@ -939,19 +940,21 @@ std::shared_ptr<RnnEntry> CreateRnn(const std::vector<int64_t>& a, int64_t T, in
   memory::desc p_md = p ? memory::desc({1, D, 3, H}, dt::f32, tag::ldgo) : memory::desc();
   auto inf = dnnl::prop_kind::forward_inference;
   const memory::desc& s = e->state_md;
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   dnnl::primitive_desc_base pd;
   switch (a[kRnnCell]) {
     case kCellLSTM: {
       auto d = dnnl::lstm_forward::primitive_desc(rt.eng, inf, direction, e->src_layer_md, s, s,
                                                   wl_any, wi_any, p_md, b_md, e->dst_layer_md,
-                                                  s, s);
+                                                  s, s, attr);
       e->prim = dnnl::lstm_forward(d);
       pd = d;
       break;
     }
     case kCellGRU: {
       auto d = dnnl::gru_forward::primitive_desc(rt.eng, inf, direction, e->src_layer_md, s,
-                                                 wl_any, wi_any, b_md, e->dst_layer_md, s);
+                                                 wl_any, wi_any, b_md, e->dst_layer_md, s, attr);
       e->prim = dnnl::gru_forward(d);
       pd = d;
       break;
@@ -959,7 +962,7 @@ std::shared_ptr<RnnEntry> CreateRnn(const std::vector<int64_t>& a, int64_t T, in
     case kCellLbrGRU: {
       auto d = dnnl::lbr_gru_forward::primitive_desc(rt.eng, inf, direction, e->src_layer_md,
                                                      s, wl_any, wi_any, b_md,
-                                                     e->dst_layer_md, s);
+                                                     e->dst_layer_md, s, attr);
       e->prim = dnnl::lbr_gru_forward(d);
       pd = d;
       break;
@@ -970,7 +973,7 @@ std::shared_ptr<RnnEntry> CreateRnn(const std::vector<int64_t>& a, int64_t T, in
                                                         : dnnl::algorithm::eltwise_tanh;
       auto d = dnnl::vanilla_rnn_forward::primitive_desc(rt.eng, inf, act, direction,
                                                          e->src_layer_md, s, wl_any, wi_any,
-                                                         b_md, e->dst_layer_md, s);
+                                                         b_md, e->dst_layer_md, s, attr);
       e->prim = dnnl::vanilla_rnn_forward(d);
       pd = d;
       break;
@@ -992,14 +995,16 @@ std::shared_ptr<RnnEntry> CreateRnn(const std::vector<int64_t>& a, int64_t T, in
   if (p) e->peephole = reorder_in(p, p_md, p_md);
   rt.strm.wait();
   if (D == 2) e->dst_layer_buf = memory(e->dst_layer_md, rt.eng);
+  e->scratchpad = memory(pd.scratchpad_desc(), rt.eng);
   return e;
 }
 
 // Run one entry on contiguous buffers: x [T, N, I], states [D, N, H] (null: zeros), y [T, D,
 // N, H] (written through dst_layer_buf when bidirectional).
 void RunRnn(RnnEntry* e, int64_t T, int64_t N, int64_t D, int64_t H, float* x, float* h0,
-            float* c0, float* y, float* yh, float* yc, bool lstm) {
+            float* c0, float* y, float* yh, float* yc, bool lstm, dnnl::stream* strm = nullptr) {
   Runtime& rt = GetRuntime();
+  if (strm == nullptr) strm = &rt.strm;
   // The primitive always takes initial states: absent ones are zeros, as ONNX defines them.
   std::vector<float> zeros;
   if (h0 == nullptr || (lstm && c0 == nullptr)) {
@@ -1018,8 +1023,9 @@ void RunRnn(RnnEntry* e, int64_t T, int64_t N, int64_t D, int64_t H, float* x, f
   args[DNNL_ARG_DST_LAYER] = D == 2 ? e->dst_layer_buf : memory(e->dst_layer_md, rt.eng, y);
   args[DNNL_ARG_DST_ITER] = memory(e->state_md, rt.eng, yh);
   if (lstm) args[DNNL_ARG_DST_ITER_C] = memory(e->state_md, rt.eng, yc);
-  e->prim.execute(rt.strm, args);
-  rt.strm.wait();
+  args[DNNL_ARG_SCRATCHPAD] = e->scratchpad;
+  e->prim.execute(*strm, args);
+  strm->wait();
   if (D == 2) {
     const float* buf = static_cast<const float*>(e->dst_layer_buf.get_data_handle());
     for (int64_t t = 0; t < T; ++t)
@@ -1029,6 +1035,49 @@ void RunRnn(RnnEntry* e, int64_t T, int64_t N, int64_t D, int64_t H, float* x, f
                       H * sizeof(float));
   }
 }
+
+#ifdef _OPENMP
+// A bidirectional node as two unidirectional primitives run at the same time, one per thread
+// (oneDNN runs single-threaded inside a parallel region): the two directions are independent,
+// and at small batches each step's GEMM is too small to share between threads without a
+// barrier per step. Called with g_rnn_mu held.
+void RunDirectionsApart(const std::vector<int64_t>& a, int64_t T, int64_t N, int64_t I,
+                        int64_t H, int64_t gates, int64_t bias_gates, const float* wl,
+                        const float* wi, const float* bp, const float* pp, int64_t wl_numel,
+                        float* x, float* h0, float* c0, float* y, float* yh, float* yc,
+                        bool lstm) {
+  static dnnl::stream* streams[2] = {new dnnl::stream(GetRuntime().eng),
+                                     new dnnl::stream(GetRuntime().eng)};
+  std::shared_ptr<RnnEntry> ed[2];
+  for (int d = 0; d < 2; ++d) {
+    std::vector<int64_t> ua = a;
+    ua[kRnnDirs] = 1;
+    ua[kRnnReverse] = d;
+    const float* dwl = wl + d * I * gates * H;
+    const float* dwi = wi + d * H * gates * H;
+    const float* dbp = bp + d * bias_gates * H;
+    const float* dpp = pp ? pp + d * 3 * H : nullptr;
+    std::string key = MakeKey("rnn_dir", dwl, ua, {{T, N, I, H}, {gates, bias_gates},
+                                                   {reinterpret_cast<int64_t>(dwi),
+                                                    reinterpret_cast<int64_t>(dbp),
+                                                    reinterpret_cast<int64_t>(dpp)}});
+    ed[d] = Cached(&g_rnn_cache, key, dwl, wl_numel / 2, [&] {
+      return CreateRnn(ua, T, N, I, H, dwl, dwi, dbp, dpp, gates, bias_gates);
+    });
+  }
+  std::vector<float> yd[2] = {std::vector<float>(T * N * H), std::vector<float>(T * N * H)};
+#pragma omp parallel num_threads(2)
+  {
+    int d = omp_get_thread_num();
+    RunRnn(ed[d].get(), T, N, 1, H, x, h0 ? h0 + d * N * H : nullptr,
+           c0 ? c0 + d * N * H : nullptr, yd[d].data(), yh + d * N * H,
+           yc ? yc + d * N * H : nullptr, lstm, streams[d]);
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int d = 0; d < 2; ++d)
+      std::memcpy(y + (t * 2 + d) * N * H, yd[d].data() + t * N * H, N * H * sizeof(float));
+}
+#endif
 
 void Rnn(PackedArgs args, tvm::ffi::Any* rv) {
   ApplyThreads();
@@ -1103,6 +1152,16 @@ void Rnn(PackedArgs args, tvm::ffi::Any* rv) {
   }
   std::lock_guard<std::mutex> lock(g_rnn_mu);
   if (std::all_of(lens.begin(), lens.end(), [T](int64_t v) { return v == T; })) {
+#ifdef _OPENMP
+    int team = GetRuntime().num_threads > 0 ? GetRuntime().num_threads : omp_get_max_threads();
+    const char* split_env = std::getenv("TVMOPT_RNN_SPLIT_DIRECTIONS");
+    bool split = D == 2 && team >= 2 && (split_env == nullptr || std::atoi(split_env) != 0);
+    if (split) {
+      RunDirectionsApart(a, T, N, I, H, gates, bias_gates, wl, wi, bp, pp, WL.numel(), x, h0, c0,
+                         y, yh, yc, lstm);
+      return;
+    }
+#endif
     auto e = entry(T, N);
     RunRnn(e.get(), T, N, D, H, x, h0, c0, y, yh, yc, lstm);
     return;
