@@ -119,10 +119,12 @@ def _precision(target, cfg):
 
 def _fast_math(target, cfg):
     from .passes.fast_math import FastMath
+    from .passes.recurrent import InlineRecurrent
 
     # Legalizes the whole module, static or symbolic: the fast kernels must be built from the
     # same re-derived shapes as their neighbours for FuseTIR to fuse them (see the pass).
-    return [FastMath]
+    # Recurrent layers no library took (or no dispatch ran) become plain ops first.
+    return [InlineRecurrent, FastMath]
 
 
 def _layout(target, cfg):
@@ -151,6 +153,7 @@ def _fuse_legalize(target, cfg):
 
     from .passes.fusion_record import RecordFusedOps, RecordKernelCount
     from .passes.qdq_legalize import legalize_map
+    from .passes.recurrent import InlineRecurrent
     from .passes.symbolic_order import OrderSymbolicDefs
 
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if cfg.weight_prepack else []
@@ -158,7 +161,8 @@ def _fuse_legalize(target, cfg):
     # The Record* passes note, in module attributes, the kernel count before fusion and the ops
     # of each fused kernel: what the planner reports, read from the fused module alone.
     # legalize_map: relax.quantize with NaN -> the type's minimum, as onnxruntime computes it.
-    return [relax.transform.LegalizeOps(customize_legalize_map=legalize_map()),
+    # InlineRecurrent: the cuda pipeline has no dispatch or fastmath phase to do it.
+    return [InlineRecurrent, relax.transform.LegalizeOps(customize_legalize_map=legalize_map()),
             RecordKernelCount(), relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(), relax.transform.FuseOps(), OrderSymbolicDefs(),
             RecordFusedOps(), relax.transform.FuseTIR(), *prepack]

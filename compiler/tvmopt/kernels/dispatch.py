@@ -358,7 +358,8 @@ def library_passes(target, cfg, build_with, quiet) -> list:
                  "times them again")
         return onednn.lower(part, keep, compute=precision_of)
 
-    return [dispatch]
+    before, after = recurrent_passes(target, cfg, build_with, quiet)
+    return [*before, dispatch, *after]
 
 
 def _dim_bounds(mod, upper: dict) -> dict[str, tuple[int, int]]:
@@ -387,3 +388,138 @@ def host_has_bf16() -> bool:
     from ..targets.registry import host_cpu_features
 
     return bool({"amx_bf16", "avx512_bf16"} & host_cpu_features())
+
+
+# ------------------------------------------------------------------------ recurrent layers
+def _recurrent_kernel(mod, gv, spec, args, library: bool):
+    """One recurrent node as a module of its own: `main` takes the node's run-time inputs
+    (weights bound in), and runs either the library call or the unrolled body."""
+    import tvm
+    from tvm import relax
+
+    from ..passes.recurrent import inline_recurrent
+    from .layout import _const_array
+    from .onednn import lower_recurrent
+
+    params = [relax.Var(f"in{i}", a.ty) for i, a in enumerate(args) if _const_array(a) is None]
+    it = iter(params)
+    call_args = [a if _const_array(a) is not None else next(it) for a in args]
+    kernel = tvm.IRModule({gv: mod[gv]})
+    body = relax.Function(params, relax.Call(gv, call_args), mod[gv].ret_ty)
+    kernel["main"] = body.with_attr("global_symbol", "main")
+    kernel = lower_recurrent(kernel) if library else inline_recurrent(kernel)
+    return kernel
+
+
+def _recurrent_inputs(spec, kernel, rng):
+    """Feeds for a recurrent kernel: floats normal, sequence_lens all full length (zeros, as
+    random_inputs gives integers, would time sequences of no steps)."""
+    arrays = random_inputs(kernel["main"], rng)
+    steps = int(kernel["main"].params[0].ty.shape.values[1 if spec["attrs"].get("layout") else 0])
+    return [np.full_like(a, steps) if a.dtype.kind == "i" else a for a in arrays]
+
+
+def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None = None,
+                     cache: TimingCache | None = None):
+    """Decide, per recurrent node oneDNN can run, library or codegen (the unrolled body) by
+    timing both on this host, as `choose` does for conv2d/matmul chains.
+
+    Returns:
+        (GlobalVars of the bodies to run on the library, list of Choice).
+    """
+    import tvm
+    from tvm import relax
+
+    from . import onednn
+
+    ok, _ = onednn.recurrent_sites(mod)
+    keep, choices = set(), []
+    if not ok:
+        return keep, choices
+    if force in ("library", "codegen"):
+        for gv, (spec, args) in ok.items():
+            choices.append(Choice(onednn.recurrent_workload_key(spec, args), 1, force, None,
+                                  None, reason=f"--dispatch {force}"))
+            if force == "library":
+                keep.add(gv)
+        return keep, choices
+    cache = cache or TimingCache()
+    target_text = str(target)
+    rng = np.random.default_rng(0)
+    dev = tvm.cpu()
+    with tempfile.TemporaryDirectory(prefix="tvmopt-dispatch-rnn-") as tmp:
+        for i, (gv, (spec, args)) in enumerate(ok.items()):
+            key = onednn.recurrent_workload_key(spec, args)
+            hit = cache.get(cache_key(key, target_text, ext_id))
+            note, trusted, cached = "", True, hit is not None
+            if hit is not None:
+                lib_ms, cg_ms = hit
+            else:
+                sides = {}
+                for side, library in (("library", True), ("codegen", False)):
+                    kernel = _recurrent_kernel(mod, gv, spec, args, library)
+                    exe = _loaded_like_an_artifact(build_codegen(kernel), tmp, f"{side}{i}.so")
+                    vm = relax.VirtualMachine(exe, dev)
+                    inputs = [tvm.runtime.tensor(a, dev)
+                              for a in _recurrent_inputs(spec, kernel, rng)]
+                    sides[side] = measure_call(vm, "main", inputs)
+                lib_ms, cg_ms = sides["library"].ms, sides["codegen"].ms
+                bad = [m for m in sides.values() if not m.trusted]
+                trusted = not bad
+                if bad:
+                    note = f"not cached: {bad[0].why_untrusted()}"
+                else:
+                    cache.put(cache_key(key, target_text, ext_id), key, library_ms=lib_ms,
+                              codegen_ms=cg_ms)
+            use_lib = lib_ms < MARGIN * cg_ms
+            if use_lib:
+                keep.add(gv)
+            choices.append(Choice(key, 1, "library" if use_lib else "codegen",
+                                  round(lib_ms, 4), round(cg_ms, 4), cached,
+                                  "faster by timing" if use_lib else "codegen as fast or faster",
+                                  trusted=trusted, note=note))
+    cache.save()
+    return keep, choices
+
+
+def recurrent_passes(target, cfg, build_with, quiet) -> tuple[list, list]:
+    """The passes around the conv2d/matmul dispatch, as (before, after). Before: whole LSTM / GRU / RNN nodes (the importer's
+    recurrent bodies, passes.recurrent) onto oneDNN's RNN primitives where they time faster
+    than the unrolled body (`auto`) or wherever oneDNN runs them (`library`). It runs before
+    the conv2d/matmul partition, so that bodies left to codegen are inlined first and their
+    matmuls are offered to the library like any other. After: their choices join the
+    conv2d/matmul ones in `cfg.dispatch_choices`."""
+    import tvm
+
+    from ..passes.recurrent import inline_recurrent, recurrent_functions
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmopt.DispatchRecurrent")
+    def dispatch(mod, ctx):
+        from . import onednn
+
+        import platform
+
+        if not recurrent_functions(mod):
+            return mod
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            return inline_recurrent(mod)  # the conv2d/matmul pass notes why
+        try:
+            onednn.load_extension()
+        except Exception:  # noqa: BLE001 - the conv2d/matmul pass notes the missing library
+            return inline_recurrent(mod)
+        with quiet():
+            keep, choices = choose_recurrent(
+                mod, target, build_codegen=lambda m: build_with(m),
+                ext_id=onednn.extension_id(),
+                force="library" if cfg.dispatch == "library" else None,
+                cache=TimingCache(read=not cfg.retime))
+        found.extend(choices)
+        return inline_recurrent(onednn.lower_recurrent(mod, keep))
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmopt.ReportRecurrent")
+    def report(mod, ctx):
+        cfg.dispatch_choices = [*cfg.dispatch_choices, *found]
+        return mod
+
+    found: list = []
+    return [dispatch], [report]

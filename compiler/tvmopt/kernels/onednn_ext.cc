@@ -977,3 +977,347 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              GetRuntime().num_threads = static_cast<int>(n);
            });
 }
+
+// ---------------------------------------------------------------------------------------
+// Recurrent layers: ONNX LSTM / GRU / RNN on oneDNN's RNN primitives.
+//
+//   tvmopt.onednn.rnn(x, w_layer, w_iter, bias, [peephole], [h0], [c0], [seq_lens], attrs,
+//                     y, y_h, [y_c])
+//
+// One call runs a whole ONNX node: the input projection of every step and both directions
+// (one GEMM inside oneDNN), then the recurrence with the gate GEMM, bias, activations and cell
+// update fused per step. Shapes are ONNX's time-major ones: x [T, B, I], h0 / c0 / y_h / y_c
+// [D, B, H], y [T, D, B, H]. The weights arrive already in oneDNN's logical order (kernels/
+// onednn.py rearranges the ONNX constants at compile time): w_layer [1, D, I, G, H] and
+// w_iter [1, D, H, G, H] (ldigo), bias [1, D, Gb, H] (ldgo; lbr-GRU has a fourth gate row,
+// the recurrent bias of the candidate), peephole [1, D, 3, H] (gates i, f, o). They are
+// reordered into the primitive's packed layout once and cached by address, as the other calls
+// do.
+//
+// sequence_lens: oneDNN has no per-sequence length, so batch entries are grouped by length and
+// each group runs its own primitive over its own steps (a reverse direction then starts at the
+// sequence's own last step, as ONNX defines); rows past a sequence's end are zero, and its
+// final states are those of its last step (zeros for a sequence of no steps, as onnxruntime). With every length equal to T this is one call.
+namespace {
+
+enum RnnAttr {
+  kRnnCell, kRnnDirs, kRnnReverse, kRnnAct, kRnnHasPeephole, kRnnHasH0, kRnnHasC0,
+  kRnnHasSeqLens, kRnnNumAttrs
+};
+enum RnnCell : int64_t { kCellLSTM = 0, kCellGRU = 1, kCellLbrGRU = 2, kCellVanilla = 3 };
+// Vanilla RNN activation (kRnnAct).
+enum RnnAct : int64_t { kRnnTanh = 0, kRnnRelu = 1, kRnnSigmoid = 2 };
+
+struct RnnEntry {
+  dnnl::primitive prim;
+  memory w_layer, w_iter, bias, peephole;
+  memory::desc src_layer_md, state_md, dst_layer_md;
+  memory dst_layer_buf;  // bidirectional: oneDNN's [T, B, 2H], copied into ONNX's [T, 2, B, H]
+  memory scratchpad;  // the entry's own, so that two entries may run at the same time
+  std::vector<float> fingerprint;
+};
+
+std::mutex g_rnn_mu;
+std::unordered_map<std::string, std::shared_ptr<RnnEntry>> g_rnn_cache;
+
+std::shared_ptr<RnnEntry> CreateRnn(const std::vector<int64_t>& a, int64_t T, int64_t N,
+                                    int64_t I, int64_t H, const float* wl, const float* wi,
+                                    const float* b, const float* p, int64_t gates,
+                                    int64_t bias_gates) {
+  Runtime& rt = GetRuntime();
+  auto e = std::make_shared<RnnEntry>();
+  int64_t D = a[kRnnDirs];
+  using dir = dnnl::rnn_direction;
+  dir direction = D == 2 ? dir::bidirectional_concat
+                         : (a[kRnnReverse] ? dir::unidirectional_right2left
+                                           : dir::unidirectional_left2right);
+  e->src_layer_md = memory::desc({T, N, I}, dt::f32, tag::tnc);
+  e->state_md = memory::desc({1, D, N, H}, dt::f32, tag::ldnc);
+  e->dst_layer_md = memory::desc({T, N, D * H}, dt::f32, tag::tnc);
+  memory::desc wl_any({1, D, I, gates, H}, dt::f32, tag::any);
+  memory::desc wi_any({1, D, H, gates, H}, dt::f32, tag::any);
+  memory::desc b_md({1, D, bias_gates, H}, dt::f32, tag::ldgo);
+  memory::desc p_md = p ? memory::desc({1, D, 3, H}, dt::f32, tag::ldgo) : memory::desc();
+  auto inf = dnnl::prop_kind::forward_inference;
+  const memory::desc& s = e->state_md;
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::primitive_desc_base pd;
+  switch (a[kRnnCell]) {
+    case kCellLSTM: {
+      auto d = dnnl::lstm_forward::primitive_desc(rt.eng, inf, direction, e->src_layer_md, s, s,
+                                                  wl_any, wi_any, p_md, b_md, e->dst_layer_md,
+                                                  s, s, attr);
+      e->prim = dnnl::lstm_forward(d);
+      pd = d;
+      break;
+    }
+    case kCellGRU: {
+      auto d = dnnl::gru_forward::primitive_desc(rt.eng, inf, direction, e->src_layer_md, s,
+                                                 wl_any, wi_any, b_md, e->dst_layer_md, s, attr);
+      e->prim = dnnl::gru_forward(d);
+      pd = d;
+      break;
+    }
+    case kCellLbrGRU: {
+      auto d = dnnl::lbr_gru_forward::primitive_desc(rt.eng, inf, direction, e->src_layer_md,
+                                                     s, wl_any, wi_any, b_md,
+                                                     e->dst_layer_md, s, attr);
+      e->prim = dnnl::lbr_gru_forward(d);
+      pd = d;
+      break;
+    }
+    case kCellVanilla: {
+      dnnl::algorithm act = a[kRnnAct] == kRnnRelu      ? dnnl::algorithm::eltwise_relu
+                            : a[kRnnAct] == kRnnSigmoid ? dnnl::algorithm::eltwise_logistic
+                                                        : dnnl::algorithm::eltwise_tanh;
+      auto d = dnnl::vanilla_rnn_forward::primitive_desc(rt.eng, inf, act, direction,
+                                                         e->src_layer_md, s, wl_any, wi_any,
+                                                         b_md, e->dst_layer_md, s, attr);
+      e->prim = dnnl::vanilla_rnn_forward(d);
+      pd = d;
+      break;
+    }
+    default: TVM_FFI_THROW(ValueError) << "unknown recurrent cell " << a[kRnnCell];
+  }
+  auto reorder_in = [&](const float* src, const memory::desc& user_md,
+                        const memory::desc& want) {
+    memory user(user_md, rt.eng, const_cast<float*>(src));
+    memory out(want, rt.eng);
+    dnnl::reorder(user, out).execute(rt.strm, user, out);
+    return out;
+  };
+  e->w_layer = reorder_in(wl, memory::desc({1, D, I, gates, H}, dt::f32, tag::ldigo),
+                          pd.query_md(dnnl::query::weights_md, 0));
+  e->w_iter = reorder_in(wi, memory::desc({1, D, H, gates, H}, dt::f32, tag::ldigo),
+                         pd.query_md(dnnl::query::weights_md, 1));
+  e->bias = reorder_in(b, b_md, b_md);
+  if (p) e->peephole = reorder_in(p, p_md, p_md);
+  rt.strm.wait();
+  if (D == 2) e->dst_layer_buf = memory(e->dst_layer_md, rt.eng);
+  e->scratchpad = memory(pd.scratchpad_desc(), rt.eng);
+  return e;
+}
+
+// Run one entry on contiguous buffers: x [T, N, I], states [D, N, H] (null: zeros), y [T, D,
+// N, H] (written through dst_layer_buf when bidirectional).
+void RunRnn(RnnEntry* e, int64_t T, int64_t N, int64_t D, int64_t H, float* x, float* h0,
+            float* c0, float* y, float* yh, float* yc, bool lstm, dnnl::stream* strm = nullptr) {
+  Runtime& rt = GetRuntime();
+  if (strm == nullptr) strm = &rt.strm;
+  // The primitive always takes initial states: absent ones are zeros, as ONNX defines them.
+  std::vector<float> zeros;
+  if (h0 == nullptr || (lstm && c0 == nullptr)) {
+    zeros.assign(D * N * H, 0.f);
+    if (h0 == nullptr) h0 = zeros.data();
+    if (c0 == nullptr) c0 = zeros.data();
+  }
+  std::unordered_map<int, memory> args;
+  args[DNNL_ARG_SRC_LAYER] = memory(e->src_layer_md, rt.eng, x);
+  args[DNNL_ARG_SRC_ITER] = memory(e->state_md, rt.eng, h0);
+  if (lstm) args[DNNL_ARG_SRC_ITER_C] = memory(e->state_md, rt.eng, c0);
+  args[DNNL_ARG_WEIGHTS_LAYER] = e->w_layer;
+  args[DNNL_ARG_WEIGHTS_ITER] = e->w_iter;
+  args[DNNL_ARG_BIAS] = e->bias;
+  if (e->peephole) args[DNNL_ARG_WEIGHTS_PEEPHOLE] = e->peephole;
+  args[DNNL_ARG_DST_LAYER] = D == 2 ? e->dst_layer_buf : memory(e->dst_layer_md, rt.eng, y);
+  args[DNNL_ARG_DST_ITER] = memory(e->state_md, rt.eng, yh);
+  if (lstm) args[DNNL_ARG_DST_ITER_C] = memory(e->state_md, rt.eng, yc);
+  args[DNNL_ARG_SCRATCHPAD] = e->scratchpad;
+  e->prim.execute(*strm, args);
+  strm->wait();
+  if (D == 2) {
+    const float* buf = static_cast<const float*>(e->dst_layer_buf.get_data_handle());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < 2; ++d)
+        for (int64_t n = 0; n < N; ++n)
+          std::memcpy(y + ((t * 2 + d) * N + n) * H, buf + (t * N + n) * 2 * H + d * H,
+                      H * sizeof(float));
+  }
+}
+
+#ifdef _OPENMP
+// A bidirectional node as two unidirectional primitives run at the same time, one per thread
+// (oneDNN runs single-threaded inside a parallel region): the two directions are independent,
+// and at small batches each step's GEMM is too small to share between threads without a
+// barrier per step. Called with g_rnn_mu held.
+void RunDirectionsApart(const std::vector<int64_t>& a, int64_t T, int64_t N, int64_t I,
+                        int64_t H, int64_t gates, int64_t bias_gates, const float* wl,
+                        const float* wi, const float* bp, const float* pp, int64_t wl_numel,
+                        float* x, float* h0, float* c0, float* y, float* yh, float* yc,
+                        bool lstm) {
+  static dnnl::stream* streams[2] = {new dnnl::stream(GetRuntime().eng),
+                                     new dnnl::stream(GetRuntime().eng)};
+  std::shared_ptr<RnnEntry> ed[2];
+  for (int d = 0; d < 2; ++d) {
+    std::vector<int64_t> ua = a;
+    ua[kRnnDirs] = 1;
+    ua[kRnnReverse] = d;
+    const float* dwl = wl + d * I * gates * H;
+    const float* dwi = wi + d * H * gates * H;
+    const float* dbp = bp + d * bias_gates * H;
+    const float* dpp = pp ? pp + d * 3 * H : nullptr;
+    std::string key = MakeKey("rnn_dir", dwl, ua, {{T, N, I, H}, {gates, bias_gates},
+                                                   {reinterpret_cast<int64_t>(dwi),
+                                                    reinterpret_cast<int64_t>(dbp),
+                                                    reinterpret_cast<int64_t>(dpp)}});
+    ed[d] = Cached(&g_rnn_cache, key, dwl, wl_numel / 2, [&] {
+      return CreateRnn(ua, T, N, I, H, dwl, dwi, dbp, dpp, gates, bias_gates);
+    });
+  }
+  std::vector<float> yd[2] = {std::vector<float>(T * N * H), std::vector<float>(T * N * H)};
+#pragma omp parallel num_threads(2)
+  {
+    int d = omp_get_thread_num();
+    RunRnn(ed[d].get(), T, N, 1, H, x, h0 ? h0 + d * N * H : nullptr,
+           c0 ? c0 + d * N * H : nullptr, yd[d].data(), yh + d * N * H,
+           yc ? yc + d * N * H : nullptr, lstm, streams[d]);
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int d = 0; d < 2; ++d)
+      std::memcpy(y + (t * 2 + d) * N * H, yd[d].data() + t * N * H, N * H * sizeof(float));
+}
+#endif
+
+void Rnn(PackedArgs args, tvm::ffi::Any* rv) {
+  ApplyThreads();
+  int n = args.size();
+  TVM_FFI_ICHECK_GE(n, 7) << "tvmopt.onednn.rnn: too few arguments";
+  // The attrs sit before the outputs; y_c is present exactly for LSTM.
+  std::vector<int64_t> a;
+  int attrs_at = -1;
+  for (int i = 4; i < n; ++i) {
+    if (args[i].try_cast<Shape>().has_value()) {
+      attrs_at = i;
+      break;
+    }
+  }
+  TVM_FFI_ICHECK_GE(attrs_at, 0) << "tvmopt.onednn.rnn: no attrs argument";
+  a = ReadAttrs(args[attrs_at]);
+  TVM_FFI_ICHECK_EQ(a.size(), static_cast<size_t>(kRnnNumAttrs)) << "rnn attrs size";
+  bool lstm = a[kRnnCell] == kCellLSTM;
+  int k = 0;
+  TensorView X = args[k++].cast<TensorView>();
+  TensorView WL = args[k++].cast<TensorView>();
+  TensorView WI = args[k++].cast<TensorView>();
+  TensorView B = args[k++].cast<TensorView>();
+  std::optional<TensorView> P, H0, C0, L;
+  if (a[kRnnHasPeephole]) P = args[k++].cast<TensorView>();
+  if (a[kRnnHasH0]) H0 = args[k++].cast<TensorView>();
+  if (a[kRnnHasC0]) C0 = args[k++].cast<TensorView>();
+  if (a[kRnnHasSeqLens]) L = args[k++].cast<TensorView>();
+  TVM_FFI_ICHECK_EQ(k, attrs_at) << "tvmopt.onednn.rnn: arguments do not match attrs";
+  TensorView Y = args[attrs_at + 1].cast<TensorView>();
+  TensorView YH = args[attrs_at + 2].cast<TensorView>();
+  std::optional<TensorView> YC;
+  if (lstm) YC = args[attrs_at + 3].cast<TensorView>();
+  for (auto* t : {&X, &WL, &WI, &B, &Y, &YH}) CheckF32Contig(*t, "rnn operand");
+  int64_t T = X.shape()[0], N = X.shape()[1], I = X.shape()[2];
+  int64_t D = a[kRnnDirs];
+  int64_t H = WI.shape()[2];
+  int64_t gates = WI.shape()[3], bias_gates = B.shape()[2];
+  const float* wl = static_cast<const float*>(DataPtr(WL));
+  const float* wi = static_cast<const float*>(DataPtr(WI));
+  const float* bp = static_cast<const float*>(DataPtr(B));
+  const float* pp = P ? static_cast<const float*>(DataPtr(*P)) : nullptr;
+  float* x = static_cast<float*>(DataPtr(X));
+  float* h0 = H0 ? static_cast<float*>(DataPtr(*H0)) : nullptr;
+  float* c0 = C0 ? static_cast<float*>(DataPtr(*C0)) : nullptr;
+  float* y = static_cast<float*>(DataPtr(Y));
+  float* yh = static_cast<float*>(DataPtr(YH));
+  float* yc = YC ? static_cast<float*>(DataPtr(*YC)) : nullptr;
+
+  auto entry = [&](int64_t steps, int64_t batch) {
+    std::string key = MakeKey("rnn", wl, a, {{steps, batch, I, H}, {gates, bias_gates},
+                                             {reinterpret_cast<int64_t>(wi),
+                                              reinterpret_cast<int64_t>(bp),
+                                              reinterpret_cast<int64_t>(pp)}});
+    return Cached(&g_rnn_cache, key, wl, WL.numel(), [&] {
+      return CreateRnn(a, steps, batch, I, H, wl, wi, bp, pp, gates, bias_gates);
+    });
+  };
+
+  // Lengths per batch entry (all T without sequence_lens).
+  std::vector<int64_t> lens(N, T);
+  if (L) {
+    TVM_FFI_ICHECK(L->dtype().code == kDLInt && (L->dtype().bits == 32 || L->dtype().bits == 64))
+        << "sequence_lens must be int32 or int64";
+    for (int64_t b = 0; b < N; ++b) {
+      int64_t v = L->dtype().bits == 32 ? static_cast<const int32_t*>(DataPtr(*L))[b]
+                                        : static_cast<const int64_t*>(DataPtr(*L))[b];
+      TVM_FFI_ICHECK(v >= 0 && v <= T)
+          << "sequence_lens[" << b << "] = " << v << " is outside [0, " << T << "]";
+      lens[b] = v;
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_rnn_mu);
+  if (std::all_of(lens.begin(), lens.end(), [T](int64_t v) { return v == T; })) {
+#ifdef _OPENMP
+    int team = GetRuntime().num_threads > 0 ? GetRuntime().num_threads : omp_get_max_threads();
+    const char* split_env = std::getenv("TVMOPT_RNN_SPLIT_DIRECTIONS");
+    bool split = D == 2 && team >= 2 && (split_env == nullptr || std::atoi(split_env) != 0);
+    if (split) {
+      RunDirectionsApart(a, T, N, I, H, gates, bias_gates, wl, wi, bp, pp, WL.numel(), x, h0, c0,
+                         y, yh, yc, lstm);
+      return;
+    }
+#endif
+    auto e = entry(T, N);
+    RunRnn(e.get(), T, N, D, H, x, h0, c0, y, yh, yc, lstm);
+    return;
+  }
+  // Grouped by length: gather each group's rows, run it, scatter its results.
+  std::memset(y, 0, sizeof(float) * T * D * N * H);
+  std::vector<int64_t> order(N);
+  for (int64_t b = 0; b < N; ++b) order[b] = b;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t p, int64_t q) { return lens[p] > lens[q]; });
+  for (size_t g0 = 0; g0 < order.size();) {
+    size_t g1 = g0;
+    while (g1 < order.size() && lens[order[g1]] == lens[order[g0]]) ++g1;
+    int64_t steps = lens[order[g0]], nb = static_cast<int64_t>(g1 - g0);
+    std::vector<int64_t> rows(order.begin() + g0, order.begin() + g1);
+    g0 = g1;
+    auto gather_state = [&](const float* src, std::vector<float>* dst) {
+      dst->assign(D * nb * H, 0.f);
+      if (src == nullptr) return;
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t j = 0; j < nb; ++j)
+          std::memcpy(dst->data() + (d * nb + j) * H, src + (d * N + rows[j]) * H,
+                      H * sizeof(float));
+    };
+    std::vector<float> gh, gc, oh(D * nb * H), oc(D * nb * H);
+    gather_state(h0, &gh);
+    gather_state(c0, &gc);
+    if (steps > 0) {
+      std::vector<float> gx(steps * nb * I), gy(steps * D * nb * H);
+      for (int64_t t = 0; t < steps; ++t)
+        for (int64_t j = 0; j < nb; ++j)
+          std::memcpy(gx.data() + (t * nb + j) * I, x + (t * N + rows[j]) * I,
+                      I * sizeof(float));
+      auto e = entry(steps, nb);
+      RunRnn(e.get(), steps, nb, D, H, gx.data(), gh.data(), gc.data(), gy.data(), oh.data(),
+             oc.data(), lstm);
+      for (int64_t t = 0; t < steps; ++t)
+        for (int64_t d = 0; d < D; ++d)
+          for (int64_t j = 0; j < nb; ++j)
+            std::memcpy(y + ((t * D + d) * N + rows[j]) * H, gy.data() + ((t * D + d) * nb + j) * H,
+                        H * sizeof(float));
+    } else {  // no steps: zero final states, as onnxruntime gives them
+      std::fill(oh.begin(), oh.end(), 0.f);
+      std::fill(oc.begin(), oc.end(), 0.f);
+    }
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t j = 0; j < nb; ++j) {
+        std::memcpy(yh + (d * N + rows[j]) * H, oh.data() + (d * nb + j) * H, H * sizeof(float));
+        if (yc) std::memcpy(yc + (d * N + rows[j]) * H, oc.data() + (d * nb + j) * H,
+                            H * sizeof(float));
+      }
+  }
+}
+
+}  // namespace
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  tvm::ffi::reflection::GlobalDef().def_packed("tvmopt.onednn.rnn", Rnn);
+}

@@ -4,8 +4,13 @@ TVM 0.27's Relax frontend has no recurrent ops. The sequence length is static in
 cases and in most exported models, so each step is emitted as plain Relax ops (the input
 projection for all steps is one matmul up front). A symbolic sequence length is refused by name.
 `sequence_lens` (run-time, per batch entry) is honoured by masking: past a sequence's end its
-state is held and its Y rows are zero, as onnxruntime does; reverse directions then start at each
+state is held and its Y rows are zero, as onnxruntime does (a sequence of no steps ends with zero
+states); reverse directions then start at each
 sequence's own last step, since the held state stays the initial one until that step.
+
+Each node becomes a call of a private function holding that unrolled body and, as an attribute,
+the node's description (passes.recurrent): the dispatch phase may replace the call with a
+library's whole-layer kernel (oneDNN's RNN primitives); otherwise the body is inlined back.
 """
 
 from __future__ import annotations
@@ -79,12 +84,18 @@ def _static_len(bb, x, axis: int, op: str) -> int:
 
 
 def _split(bb, x, n: int, axis: int) -> list:
+    """n equal parts of x along axis, as slices: a slice fuses into the elementwise kernel that
+    reads it, where a split is a kernel of its own (one per gate block per step)."""
     from tvm import relax
 
     if n == 1:
         return [x]
-    parts = bb.emit(relax.op.split(x, n, axis=axis))
-    return [bb.emit(relax.TupleGetItem(parts, i)) for i in range(n)]
+    x = bb.normalize(x)
+    ndim = len(x.ty.shape.values)
+    axis = axis % ndim
+    size = int(x.ty.shape.values[axis]) // n
+    return [bb.emit(relax.op.strided_slice(x, [axis], [i * size], [(i + 1) * size]))
+            for i in range(n)]
 
 
 def _direction(bb, op, attr, xw, r, rb, p, h0, c0, mask, steps, reverse, acts, make, dtype):
@@ -156,7 +167,54 @@ def _direction(bb, op, attr, xw, r, rb, p, h0, c0, mask, steps, reverse, acts, m
     return ys, h, cell
 
 
+_INPUTS = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
+
+
+def _json_attr(value):
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, (list, tuple)):
+        return [_json_attr(v) for v in value]
+    if isinstance(value, (int, float, str)) or value is None:
+        return value
+    return float(value) if hasattr(value, "__float__") else str(value)
+
+
 def _convert(op: str, bb, inputs, attr):
+    """The node as a call of a private function whose body is the unrolled recurrence and
+    whose RECURRENT_ATTR describes the node (see the module docstring)."""
+    import json
+
+    from tvm import relax
+
+    from ...passes.recurrent import RECURRENT_ATTR
+
+    inputs = (list(inputs) + [None] * 8)[:8]
+    if op != "LSTM":
+        inputs[6:] = [None, None]
+    present = [i for i, v in enumerate(inputs) if v is not None]
+    args = [bb.normalize(inputs[i]) for i in present]
+    _static_len(bb, args[0], 1 if attr.get("layout", 0) else 0, op)  # refused by name here
+    inner = relax.BlockBuilder()
+    params = [relax.Var(_INPUTS[i], a.ty) for i, a in zip(present, args)]
+    positional = [None] * 8
+    for i, v in zip(present, params):
+        positional[i] = v
+    with inner.function(op.lower(), params, private=True):
+        with inner.dataflow():
+            out = _unrolled(op, inner, positional, attr)
+            out = inner.emit_output(out)
+        inner.emit_func_output(out)
+    # tvm_custom (the node's name, added by TVM's importer) is left out: the description is what
+    # the node computes, shared by every node that computes the same.
+    spec = {"op": op, "inputs": [_INPUTS[i] for i in present],
+            "attrs": {k: _json_attr(v) for k, v in attr.items() if k != "tvm_custom"}}
+    func = inner.get()[op.lower()].with_attr(RECURRENT_ATTR, json.dumps(spec, sort_keys=True))
+    gv = bb.add_func(func, f"tvmopt_{op.lower()}")
+    return bb.emit(relax.Call(gv, args))
+
+
+def _unrolled(op: str, bb, inputs, attr):
     from tvm import relax
 
     inputs = list(inputs) + [None] * 8
@@ -186,6 +244,8 @@ def _convert(op: str, bb, inputs, attr):
         # mask[t]: [B, 1] booleans, t < sequence_lens[b]
         lens = bb.emit(relax.op.expand_dims(relax.op.astype(seq_lens, "int64"), -1))
         mask = [bb.emit(relax.op.less(relax.const(t, "int64"), lens)) for t in range(steps)]
+        # A sequence of no steps ends with zero states (onnxruntime), not its initial ones.
+        ended = mask[0] if steps else None
 
     zeros = relax.op.zeros(relax.ShapeExpr([batch, hidden]), dtype)
     y_dirs, h_last, c_last = [], [], []
@@ -214,6 +274,10 @@ def _convert(op: str, bb, inputs, attr):
                                  state(c0) if op == "LSTM" else None, mask, steps, reverse,
                                  acts[d], make, dtype)
         y_dirs.append(bb.emit(relax.op.stack(ys, axis=0)))  # [T, B, H]
+        if mask is not None:
+            h = bb.emit(relax.op.where(ended, h, relax.const(0.0, dtype)))
+            if cell is not None:
+                cell = bb.emit(relax.op.where(ended, cell, relax.const(0.0, dtype)))
         h_last.append(h)
         c_last.append(cell)
     y = bb.emit(relax.op.stack(y_dirs, axis=1))  # [T, D, B, H]

@@ -1,0 +1,50 @@
+"""Recurrent layers travel through the front of the pipeline as one call each.
+
+The ONNX importer emits an LSTM / GRU / RNN node that a library can run whole (oneDNN's RNN
+primitives) as a call of a private Relax function: its body is the unrolled recurrence (the
+input projection of every step hoisted into one matmul, then the steps), its `RECURRENT_ATTR`
+attribute the node's description as JSON. The dispatch phase either replaces the call with the
+library's (kernels.onednn.lower_recurrent) or leaves it; `InlineRecurrent` then puts every body
+that is left back into its caller, so the rest of the pipeline sees plain ops.
+"""
+
+from __future__ import annotations
+
+import json
+
+import tvm
+from tvm import relax
+
+RECURRENT_ATTR = "tvmopt.recurrent"
+
+
+def recurrent_functions(mod: tvm.IRModule) -> dict:
+    """GlobalVar -> function, for every recurrent body the importer made."""
+    return {gv: f for gv, f in mod.functions.items()
+            if isinstance(f, relax.Function) and f.attrs is not None
+            and RECURRENT_ATTR in f.attrs}
+
+
+def spec_of(func: relax.Function) -> dict:
+    """The node description a recurrent body carries."""
+    return json.loads(str(func.attrs[RECURRENT_ATTR]))
+
+
+def inline_recurrent(mod: tvm.IRModule, keep=()) -> tvm.IRModule:
+    """Inline the recurrent bodies (all but the GlobalVars in `keep`) into their callers and
+    drop them."""
+    bodies = {gv: f for gv, f in recurrent_functions(mod).items() if gv not in keep}
+    if not bodies:
+        return mod
+    mod = mod.clone()
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and gv not in bodies:
+            mod[gv] = func.inline_functions(bodies)
+    for gv in bodies:
+        del mod[gv]
+    return mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmopt.InlineRecurrent")
+def InlineRecurrent(mod, _ctx):  # noqa: N802 - a pass, named like TVM's
+    return inline_recurrent(mod)
