@@ -243,3 +243,14 @@ def test_every_callee_of_real_builds_has_a_named_cause(tmp_path):
     if "dynamic" in models:
         assert {"oneDNN matmul int8-dynamic", "oneDNN matmul int8",
                 "oneDNN conv2d int8"} <= kinds, kinds
+
+
+def test_kernels_as_built_and_weight_prepacks_are_matched_without_reading_names():
+    prof = {"kernels": [
+        {"name": "fused_q7", "calls_per_run": 1.0, "total_ms_per_run": 1.0},
+        {"name": "mean_weight_prepack", "calls_per_run": 1.0, "total_ms_per_run": 0.1}]}
+    plan = {"kernels": [{"name": "fused_q3", "ops": ["divide"], "flops": 1.0, "bytes": 1.0}],
+            "compiled": [{"name": "fused_q7", "ops": ["divide1", "tir_round", "cast", "quantize4"],
+                          "flops": 1e4, "bytes": 1e5}]}
+    ks = tvm_kernels(prof, plan, RIDGE, True)
+    assert [(k.cause, k.source) for k in ks] == [("quantize", "plan"), ("layout", "prepack")]

@@ -54,7 +54,8 @@ class Kernel:
     intensity: float | None = None
     ops: list[str] = field(default_factory=list)
     # where the kernel's description came from: "plan", "library" (its arguments), "builtin",
-    # "name" (a TIR kernel the plan does not list), or "" for onnxruntime nodes
+    # "prepack" (TVM's weight re-layout of a planned kernel), "name" (a TIR kernel the plan
+    # does not list: its ops read from its name), or "" for onnxruntime nodes
     source: str = ""
 
     def to_json(self) -> dict:
@@ -375,6 +376,9 @@ def library_cause(call: LibraryCall, ridge: float | None) -> str:
 _TVM_OPS = sorted(set().union(*_FAMILIES) | {"split_tuple", "tir_clip", "tir_round", "tir_exp"},
                   key=len, reverse=True)
 _KERNEL_SUFFIXES = ("_prepacked",)
+# TVM's SplitLayoutRewritePreproc moves the re-layout of a kernel's layout-free buffers into a
+# kernel of its own, named after it: data movement only
+WEIGHT_PREPACK_SUFFIX = "_weight_prepack"
 
 
 def base_op(op: str) -> str:
@@ -433,6 +437,8 @@ def classify_tvm(name: str, ops: list[str] | None = None, flops: float | None = 
         return builtin_cause(name) or OTHER
     if name in LIBRARY_FUNCS:  # without its arguments: the primitive's usual cause
         return "int8_compute" if name.rsplit(".", 1)[1].startswith("q") else "compute"
+    if name.endswith(WEIGHT_PREPACK_SUFFIX):
+        return "layout"
     ops = [base_op(o) for o in (ops if ops is not None else kernel_ops(name))]
     opset = set(ops)
     ai = (flops / nbytes) if flops is not None and nbytes else None

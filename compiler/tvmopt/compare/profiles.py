@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .causes import (LIBRARY_FUNCS, OTHER, Kernel, tensor_bytes, classify_ort, classify_tvm,
-                     kernel_ops, library_call, library_cause, plan_name)
+from .causes import (LIBRARY_FUNCS, OTHER, WEIGHT_PREPACK_SUFFIX, Kernel, classify_ort,
+                     classify_tvm, kernel_ops, library_call, library_cause, plan_name,
+                     tensor_bytes)
 
 # onnxruntime's time inside model_run but outside every node (its executor, allocations)
 OUTSIDE = "(outside kernels)"
@@ -115,7 +116,9 @@ def tvm_kernels(profile: dict, plan: dict | None, ridge: float | None,
                 quantized_model: bool) -> list[Kernel]:
     """Kernels from `bench.profile.kernel_profile` output: TIR kernels matched to the manifest's
     plan, library calls split by workload, VM builtins by what they do."""
+    # the planned fp32 kernels, then the kernels as built where precision rewrites changed them
     by_name = {k["name"]: k for k in (plan or {}).get("kernels", [])}
+    by_name.update({k["name"]: k for k in (plan or {}).get("compiled", [])})
     out = []
     for row in profile["kernels"]:
         name = row["name"]
@@ -125,8 +128,10 @@ def tvm_kernels(profile: dict, plan: dict | None, ridge: float | None,
             continue
         pk = by_name.get(plan_name(name))
         builtin = name.startswith("vm.")
-        source = "plan" if pk else "builtin" if builtin else "name"
-        ops = pk["ops"] if pk else kernel_ops(name) if not builtin else []
+        prepack = name.endswith(WEIGHT_PREPACK_SUFFIX)
+        source = ("plan" if pk else "builtin" if builtin else "prepack" if prepack else "name")
+        ops = (pk["ops"] if pk else [] if builtin else ["layout_transform"] if prepack
+               else kernel_ops(name))
         flops = pk["flops"] if pk else None
         nbytes = pk["bytes"] if pk else None
         sigs = row.get("signatures") or []
