@@ -46,6 +46,10 @@ def explanation_line(d: dict) -> str:
             "report needs to be trusted")
 
 
+def _sentence(line: str) -> str:
+    return line[:1].upper() + line[1:]
+
+
 def _where(k: dict) -> str:
     """A kernel's op family, and the graph node it ran for where the runtime names one."""
     op = f"`{k['op'][:40]}`"
@@ -138,7 +142,7 @@ def markdown(doc: dict) -> str:
         lines += [f"| unexplained | | | {d['unexplained_ms']:+.2f} | {share} | "
                   + "; ".join(f"{k['model'].upper()} {_where(k)} {k['ms']:.2f} ms"
                               for k in d.get("unexplained_kernels", [])[:3]) + " |", "",
-                  f"{explanation_line(d).capitalize()}. Kernel times come "
+                  f"{_sentence(explanation_line(d))}. Kernel times come "
                   f"from each runtime's profiler, scaled to the measured medians (scale A "
                   f"{d['profile_scale']['a']:.2f}, B {d['profile_scale']['b']:.2f})."
                   + (f" Warning: {scale_warning(d)}." if scale_warning(d) else ""), "",
