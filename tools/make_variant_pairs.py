@@ -3,16 +3,24 @@
 
     python tools/make_variant_pairs.py OUT_DIR          # every model, and OUT_DIR/pairs.json
 
-Models (torch.onnx.export, opset 17, batch 1; small enough to build in seconds):
+Models (torch.onnx.export, opset 17, batch 1):
   cnn           conv3x3-bn-relu stages (32-64-128 channels), 1x3x64x64
   cnn_dw        the same network with every dense 3x3 conv replaced by a depthwise 3x3 + 1x1
   tfm           a 2-layer BERT-style encoder, hidden 128, 4 heads, 64 tokens
   tfm_dw        the same encoder with attention replaced by a depthwise-separable token mixer
                 (depthwise conv over the sequence + pointwise conv)
-  *_int8        onnxruntime's `quantize_dynamic` of each (int8 weights, activations quantized
-                at run time: DynamicQuantizeLinear + ConvInteger / MatMulInteger)
+  mobilenetv2   MobileNetV2, 1x3x224x224 (tools/torch_models.py)
+  gpt2          a GPT-2-style decoder, 4 layers, hidden 256, 4 heads, 128 tokens, tied-size
+                LM head over 8192 tokens (tools/torch_models.py)
+  *_int8        onnxruntime's `quantize_dynamic` (int8 weights, activations quantized at run
+                time: DynamicQuantizeLinear + ConvInteger / MatMulInteger)
+  *_qdq         onnxruntime's `quantize_static` in QDQ format (per-channel int8 weights, u8
+                activations calibrated on seeded inputs)
 
-pairs.json lists (A, B) = (standard, variant) pairs: structure and precision variants.
+pairs.json lists (A, B) = (standard, variant) pairs: structure and precision variants, CNNs and
+transformers. The small models build in seconds; MobileNetV2 and the GPT-2 decoder are the
+sizes whose builds `--dispatch auto` (the default) gives oneDNN kernels, dynamic int8 ones
+included, so a comparison that stops explaining library kernels shows on them.
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # a sibling in tools/
+import torch_models  # noqa: E402
 
 OPSET = 17
 
@@ -114,9 +125,15 @@ MODELS = {
     "cnn_dw": (lambda: SmallCNN(True), lambda: torch.randn(1, 3, 64, 64)),
     "tfm": (lambda: SmallEncoder(False), lambda: torch.randint(0, 1024, (1, 64))),
     "tfm_dw": (lambda: SmallEncoder(True), lambda: torch.randint(0, 1024, (1, 64))),
+    "mobilenetv2": (lambda: torch_models.MODELS["mobilenetv2"][0](),
+                    lambda: torch_models.MODELS["mobilenetv2"][1](1)),
+    "gpt2": (lambda: torch_models.MODELS["gpt2_4l"][0](),
+             lambda: torch_models.MODELS["gpt2_4l"][1](1)),
 }
 PAIRS = [("cnn", "cnn_dw"), ("cnn", "cnn_int8"), ("cnn_dw", "cnn_dw_int8"),
-         ("tfm", "tfm_dw"), ("tfm", "tfm_int8"), ("tfm_dw", "tfm_dw_int8")]
+         ("tfm", "tfm_dw"), ("tfm", "tfm_int8"), ("tfm_dw", "tfm_dw_int8"),
+         ("mobilenetv2", "mobilenetv2_int8"), ("gpt2", "gpt2_int8"), ("tfm", "tfm_qdq")]
+QUANTIZED = ("_int8", "_qdq")
 
 
 def _randomize_bn(module: nn.Module) -> None:
@@ -140,10 +157,30 @@ def export(name: str, out: Path) -> Path:
     return path
 
 
-def quantize(src: Path, dst: Path) -> Path:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+def quantize(src: Path, dst: Path, name: str = "") -> Path:
+    """`quantize_dynamic` for *_int8, `quantize_static` (QDQ) for *_qdq, calibrated on seeded
+    inputs drawn like the model's example."""
+    import logging
 
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_dynamic, quantize_static)
+
+    logging.getLogger().setLevel(logging.ERROR)
+    if not dst.name.endswith("_qdq.onnx"):
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+        return dst
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            torch.manual_seed(2)
+            self.it = iter([{"input": MODELS[name][1]().numpy()} for _ in range(8)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8)
     return dst
 
 
@@ -153,10 +190,13 @@ def main(argv: list[str]) -> int:
         return 2
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
+    variants = {b for _, b in PAIRS if b.endswith(QUANTIZED)}
     for name in MODELS:
         fp32 = export(name, out)
-        quantize(fp32, out / f"{name}_int8.onnx")
-        print(f"wrote {fp32} and {name}_int8.onnx")
+        made = [v for v in sorted(variants) if v.rsplit("_", 1)[0] == name]
+        for v in made:
+            quantize(fp32, out / f"{v}.onnx", name)
+        print(f"wrote {fp32}" + "".join(f" and {v}.onnx" for v in made))
     pairs = [{"a": str(out / f"{a}.onnx"), "b": str(out / f"{b}.onnx")} for a, b in PAIRS]
     (out / "pairs.json").write_text(json.dumps(pairs, indent=1) + "\n")
     print(f"wrote {out / 'pairs.json'} ({len(pairs)} pairs)")

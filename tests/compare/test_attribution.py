@@ -227,3 +227,19 @@ def test_profile_and_timing_disagreeing_is_warned():
 
     assert scale_warning({"profile_scale": {"a": 0.9, "b": 1.3}}) is None
     assert "A x7.40" in scale_warning({"profile_scale": {"a": 7.4, "b": 1.0}})
+
+
+def test_an_incomplete_explanation_is_said_plainly_with_its_kernels():
+    from tvmopt.compare.report import explanation_line
+
+    a = Profile(10.0, [_k("conv", "compute", 4.0), _k("lib", OTHER, 6.0)])
+    b = Profile(6.0, [_k("conv", "compute", 4.0), _k("lib", OTHER, 2.0)])
+    att = attribute(a, b)
+    assert att["explained_share"] == pytest.approx(0.0) and not att["explained_ok"]
+    line = explanation_line(att)
+    assert "NOT explained" in line and "-4.00 ms" in line and "A lib 6.00 ms" in line
+    good = attribute(Profile(1.0, [_k("conv", "compute", 1.0)]),
+                     Profile(2.0, [_k("conv", "compute", 2.0)]))
+    assert good["explained_ok"] and "NOT" not in explanation_line(good)
+    good["noise_ms"] = 1.5
+    assert "within the noise" in explanation_line(good)

@@ -33,7 +33,7 @@ def pair(save, tmp_path):
 
 def _check_section(d):
     for key in ("a_ms", "b_ms", "ratio", "attribution", "unexplained_ms", "recommendations",
-                "verdict"):
+                "verdict", "explained_share", "explained_ok", "unexplained_kernels"):
         assert key in d, key
     assert d["ratio"] == pytest.approx(d["b_ms"] / d["a_ms"])
     total = sum(r["delta_ms"] for r in d["attribution"]) + d["unexplained_ms"]
@@ -77,6 +77,10 @@ def test_tvmopt_and_onnxruntime_sections_under_runtimes(cli, save, tmp_path):
     assert set(doc["runtimes"]) == {"tvmopt", "onnxruntime"}
     for d in doc["runtimes"].values():
         _check_section(d)
+    # every callee of both builds (TIR kernels, library calls, VM builtins) has a named cause
+    tvm_kernels = [k for side in doc["runtimes"]["tvmopt"]["profiles"].values() for k in side]
+    assert tvm_kernels and all(k["cause"] != "other" for k in tvm_kernels), tvm_kernels
+    assert doc["runtimes"]["tvmopt"]["unexplained_ms"] == 0.0
     assert doc["verdict"]
 
 

@@ -1,8 +1,9 @@
 """Per-kernel profile of an artifact: time of every VM call (fused TIR kernels, builtins).
 
 Uses the Relax VM's instrument hook (`VirtualMachine.set_instrument`; TVM 0.27 dropped
-`profile=True`), which is called before and after each Call instruction with the callee's symbol.
-The hook costs a Python round trip per call, so shares are trustworthy, absolute times a bit high.
+`profile=True`), which is called before and after each Call instruction with the callee's symbol
+and its arguments. The hook costs a Python round trip per call, so shares are trustworthy,
+absolute times a bit high.
 """
 
 from __future__ import annotations
@@ -11,7 +12,19 @@ import time
 from collections import defaultdict
 
 
-def kernel_profile(loaded, args, runs: int = 5, top: int = 10) -> dict:
+def _arg_facts(arg):
+    """A call argument as JSON: [shape, dtype] for a tensor, {"shape": [...]} for an ffi Shape
+    (library calls pass their attributes as one), None for anything else."""
+    dtype = getattr(arg, "dtype", None)
+    shape = getattr(arg, "shape", None)
+    if dtype is not None and shape is not None:
+        return [[int(d) for d in shape], str(dtype)]
+    if type(arg).__name__ == "Shape":
+        return {"shape": [int(d) for d in arg]}
+    return None
+
+
+def kernel_profile(loaded, args, runs: int = 5, top: int = 10, signatures: bool = False) -> dict:
     """Time each kernel over `runs` instrumented calls of main (after one warm-up).
 
     Args:
@@ -19,16 +32,21 @@ def kernel_profile(loaded, args, runs: int = 5, top: int = 10) -> dict:
         args: device inputs (LoadedModel.to_device).
         runs: instrumented runs to average over.
         top: rows to keep, by total time.
+        signatures: also split each row by the shapes and dtypes of its arguments (one library
+            function runs many workloads); read after the timer stops, so it costs no kernel time.
 
     Returns:
         {"runs", "kernels": [{"name", "calls_per_run", "mean_us", "total_ms_per_run", "share"}],
-         "total_ms_per_run", "other_ms_per_run" (outside the top rows), "kernel_count"}
+         "total_ms_per_run", "other_ms_per_run" (outside the top rows), "kernel_count"}; with
+        `signatures`, each kernel also has "signatures": [{"args", "calls_per_run",
+        "total_ms_per_run"}] (args as `_arg_facts` gives them).
     """
     from tvm.runtime.vm import VMInstrumentReturnKind
 
     dev = loaded.device
     totals: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
+    by_sig: dict[tuple, list] = {}
     started: list[float] = []
 
     def instrument(func, name, before_run, ret_value, *fargs):
@@ -36,8 +54,15 @@ def kernel_profile(loaded, args, runs: int = 5, top: int = 10) -> dict:
             started.append(time.perf_counter())
         else:
             dev.sync()
-            totals[str(name)] += time.perf_counter() - started.pop()
+            dt = time.perf_counter() - started.pop()
+            totals[str(name)] += dt
             calls[str(name)] += 1
+            if signatures:
+                facts = [_arg_facts(a) for a in fargs]
+                key = (str(name), repr(facts))
+                row = by_sig.setdefault(key, [facts, 0, 0.0])
+                row[1] += 1
+                row[2] += dt
         return VMInstrumentReturnKind.NO_OP
 
     loaded.run_device(args)  # warm-up: first-call allocations are not a kernel's cost
@@ -54,6 +79,12 @@ def kernel_profile(loaded, args, runs: int = 5, top: int = 10) -> dict:
                 "mean_us": totals[n] / calls[n] * 1e6,
                 "total_ms_per_run": totals[n] / runs * 1e3,
                 "share": totals[n] / grand if grand else 0.0} for n in rows[:top]]
+    if signatures:
+        for k in kernels:
+            sigs = [v for (n, _), v in by_sig.items() if n == k["name"]]
+            k["signatures"] = [{"args": f, "calls_per_run": c / runs,
+                                "total_ms_per_run": t / runs * 1e3}
+                               for f, c, t in sorted(sigs, key=lambda v: v[2], reverse=True)]
     return {"runs": runs, "kernels": kernels, "kernel_count": len(rows),
             "total_ms_per_run": grand / runs * 1e3,
             "other_ms_per_run": sum(totals[n] for n in rows[top:]) / runs * 1e3}

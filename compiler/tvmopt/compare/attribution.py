@@ -19,6 +19,9 @@ import numpy as np
 
 from .causes import CAUSE_IDS, LABELS, OTHER, Kernel
 
+# below this share of B-A in named causes, `compare` says the explanation is incomplete
+EXPLAINED_MIN = 0.8
+
 
 @dataclass
 class Profile:
@@ -89,8 +92,9 @@ def attribute(a: Profile, b: Profile, bandwidth_gbs: float | None = None,
     Returns:
         {"a_ms", "b_ms", "delta_ms", "ratio", "attribution": [{cause, label, delta_ms, share,
          a_ms, b_ms, kernels, ...}], "unexplained_ms", "explained_share", "profile_scale",
-         "kernel_count"}; `share` is delta / (b - a), so shares of causes that cancel can
-         exceed 1 in magnitude; named deltas + unexplained_ms == delta_ms.
+         "kernel_count", "explained_ok", "unexplained_kernels"}; `share` is delta / (b - a),
+         so shares of causes that cancel can exceed 1 in magnitude; named deltas +
+         unexplained_ms == delta_ms.
     """
     ca, cb = a.by_cause(), b.by_cause()
     fa, fb = a.flops_by_cause(), b.flops_by_cause()
@@ -119,11 +123,12 @@ def attribute(a: Profile, b: Profile, bandwidth_gbs: float | None = None,
         rows.append(row)
     unexplained = cb[OTHER] - ca[OTHER]
     named = sum(abs(r["delta_ms"]) for r in rows)
+    share = (1.0 - abs(unexplained) / abs(delta)) if delta else 1.0
     return {"a_ms": a.measured_ms, "b_ms": b.measured_ms, "delta_ms": delta,
             "ratio": b.measured_ms / a.measured_ms if a.measured_ms else None,
             "attribution": rows, "unexplained_ms": unexplained,
             "unexplained_kernels": _top_kernels(a, b, OTHER, 5),
-            "explained_share": (1.0 - abs(unexplained) / abs(delta)) if delta else 1.0,
+            "explained_share": share, "explained_ok": share >= EXPLAINED_MIN,
             "gross_named_ms": named,
             "profile_scale": {"a": a.scaled()[0], "b": b.scaled()[0]},
             "noise_ms": delta_noise(a.samples_ms, b.samples_ms)}

@@ -3,8 +3,9 @@
 onnxruntime: its own profiler (`SessionOptions.enable_profiling`); every node event carries the
 op type (after onnxruntime's graph fusions), the shapes and the parameter bytes. Warm-up runs
 are dropped and each node's time is its median over the profiled runs.
-tvmopt: the VM instrument hook (`bench.profile.kernel_profile`), each kernel matched by name to
-the plan the compile stored in the manifest (fused ops, FLOPs, bytes).
+tvmopt: the VM instrument hook (`bench.profile.kernel_profile`) with each call's argument shapes;
+TIR kernels matched to the plan the compile stored in the manifest (fused ops, FLOPs, bytes),
+library calls described by their own arguments (primitive, precision, shapes).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .causes import Kernel, classify_ort, classify_tvm, kernel_ops, plan_name
+from .causes import (LIBRARY_FUNCS, OTHER, WEIGHT_PREPACK_SUFFIX, Kernel, classify_ort,
+                     classify_tvm, kernel_ops, library_call, library_cause, plan_name,
+                     tensor_bytes)
 
 # onnxruntime's time inside model_run but outside every node (its executor, allocations)
 OUTSIDE = "(outside kernels)"
@@ -84,24 +87,64 @@ def profile_ort(model_path: str, feeds: dict, threads: int, runs: int = 20,
     return ort_kernels(events, warmup, ridge)
 
 
+def _dtypes(sig: dict | None) -> list[str]:
+    return [a[1] for a in (sig or {}).get("args", []) if isinstance(a, list)]
+
+
+def _library_rows(row: dict, ridge: float | None) -> list[Kernel] | None:
+    """One Kernel per workload of a library function's profile row (None: not a library call,
+    or profiled without arguments)."""
+    if row["name"] not in LIBRARY_FUNCS or not row.get("signatures"):
+        return None
+    out = []
+    for sig in row["signatures"]:
+        call = library_call(row["name"], sig["args"])
+        if call is None:
+            out.append(Kernel(name=row["name"], op=row["name"], cause=OTHER,
+                              calls=sig["calls_per_run"], ms=sig["total_ms_per_run"]))
+            continue
+        out.append(Kernel(name=f"{row['name']}[{call.shapes}]", op=call.op,
+                          cause=library_cause(call, ridge), calls=sig["calls_per_run"],
+                          ms=sig["total_ms_per_run"], flops=call.flops * sig["calls_per_run"],
+                          bytes=call.bytes * sig["calls_per_run"],
+                          intensity=call.flops / call.bytes if call.bytes else None,
+                          ops=[call.primitive], source="library"))
+    return out
+
+
 def tvm_kernels(profile: dict, plan: dict | None, ridge: float | None,
                 quantized_model: bool) -> list[Kernel]:
-    """Kernels from `bench.profile.kernel_profile` output, matched to the manifest's plan."""
+    """Kernels from `bench.profile.kernel_profile` output: TIR kernels matched to the manifest's
+    plan, library calls split by workload, VM builtins by what they do."""
+    # the planned fp32 kernels, then the kernels as built where precision rewrites changed them
     by_name = {k["name"]: k for k in (plan or {}).get("kernels", [])}
+    by_name.update({k["name"]: k for k in (plan or {}).get("compiled", [])})
     out = []
     for row in profile["kernels"]:
         name = row["name"]
+        lib = _library_rows(row, ridge)
+        if lib is not None:
+            out.extend(lib)
+            continue
         pk = by_name.get(plan_name(name))
-        ops = pk["ops"] if pk else kernel_ops(name) if not name.startswith("vm.") else []
+        builtin = name.startswith("vm.")
+        prepack = name.endswith(WEIGHT_PREPACK_SUFFIX)
+        source = ("plan" if pk else "builtin" if builtin else "prepack" if prepack else "name")
+        ops = (pk["ops"] if pk else [] if builtin else ["layout_transform"] if prepack
+               else kernel_ops(name))
         flops = pk["flops"] if pk else None
         nbytes = pk["bytes"] if pk else None
-        cause = classify_tvm(name, ops, flops, nbytes, ridge, quantized_model)
+        sigs = row.get("signatures") or []
+        dtypes = _dtypes(sigs[0]) if sigs and not builtin else None
+        if nbytes is None and dtypes:  # a kernel the plan does not list: its buffers' bytes
+            nbytes = sum(tensor_bytes(a) for a in sigs[0]["args"] if isinstance(a, list))
+        cause = classify_tvm(name, ops, flops, nbytes, ridge, quantized_model, dtypes)
         out.append(Kernel(name=name, op="+".join(dict.fromkeys(ops)) or name, cause=cause,
                           calls=row["calls_per_run"], ms=row["total_ms_per_run"],
                           flops=flops * row["calls_per_run"] if flops else None,
                           bytes=nbytes * row["calls_per_run"] if nbytes else None,
                           intensity=(flops / nbytes) if flops and nbytes else None,
-                          ops=list(ops)))
+                          ops=list(ops), source=source))
     return out
 
 
@@ -110,5 +153,5 @@ def profile_tvm(loaded, args, runs: int, ridge: float | None,
     """Profile a loaded tvmopt artifact (every kernel, not only the top rows)."""
     from ..bench.profile import kernel_profile
 
-    prof = kernel_profile(loaded, args, runs=runs, top=1_000_000)
+    prof = kernel_profile(loaded, args, runs=runs, top=1_000_000, signatures=True)
     return tvm_kernels(prof, loaded.artifact.manifest.get("plan"), ridge, quantized_model)

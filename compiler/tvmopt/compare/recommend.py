@@ -109,8 +109,10 @@ def recommend(att: dict, a: ModelFacts, b: ModelFacts, runtime: str, target: str
             f"keep activations fp32 and fold the int8 weights back: {facts.label}'s "
             "DynamicQuantizeLinear + ConvInteger/MatMulInteger become fp32 Conv/MatMul with "
             "the dequantized weights",
-            f"its quantize/dequantize work ({q:.2f} ms) and integer products ({i:.2f} ms) run on "
-            f"{runtime} on {target} without a fast int8 path",
+            f"its quantize/dequantize work ({q:.2f} ms) and integer products ({i:.2f} ms) on "
+            f"{runtime} on {target} "
+            + ("cost more than the fp32 kernels they stand for" if side_ms > other_ms
+               else "become fp32 kernels (its int8 build is the faster one here)"),
             facts.folded_path, max(predicted, 0.0), measured.get(facts.folded_path)))
 
     # 2. the faster of the two as it is

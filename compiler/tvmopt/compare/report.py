@@ -26,6 +26,30 @@ def scale_warning(d: dict) -> str | None:
             "a quieter machine for figures to keep")
 
 
+def explanation_line(d: dict) -> str:
+    """How much of B-A the named causes explain, said plainly when it is not enough: which
+    kernels no cause covers and how many ms they hold."""
+    from .attribution import EXPLAINED_MIN
+
+    line = f"explained by named causes: {d['explained_share']:.0%} of B-A"
+    noise = d.get("noise_ms")
+    if noise is not None and abs(d["delta_ms"]) <= noise:
+        line += (f" (B-A {d['delta_ms']:+.2f} ms is within the noise of +-{noise:.2f} ms, so "
+                 "the share says little)")
+    if d.get("explained_ok", d["explained_share"] >= EXPLAINED_MIN):
+        return line
+    ks = d.get("unexplained_kernels") or []
+    which = ", ".join(f"{k['model'].upper()} {k['name']} {k['ms']:.2f} ms" for k in ks)
+    return (f"{line}: NOT explained: {d['unexplained_ms']:+.2f} ms of B-A "
+            f"({d['delta_ms']:+.2f} ms) sit in kernels no cause covers"
+            + (f" ({which})" if which else "") + f"; under the {EXPLAINED_MIN:.0%} this "
+            "report needs to be trusted")
+
+
+def _sentence(line: str) -> str:
+    return line[:1].upper() + line[1:]
+
+
 def _where(k: dict) -> str:
     """A kernel's op family, and the graph node it ran for where the runtime names one."""
     op = f"`{k['op'][:40]}`"
@@ -63,7 +87,9 @@ def print_compare(doc: dict) -> None:
         t.add_row("unexplained", "", "", f"{d['unexplained_ms']:+.2f}",
                   f"{d['unexplained_ms'] / d['delta_ms']:.0%}" if d["delta_ms"] else "-", "")
         console.print(t)
-        console.print(f"explained by named causes: {d['explained_share']:.0%} of B-A")
+        line = explanation_line(d)
+        console.print(escape(line) if "NOT explained" not in line
+                      else f"[bold red]{escape(line)}[/]")
         warn = scale_warning(d)
         if warn:
             console.print(f"[yellow]warning:[/] {escape(warn)}")
@@ -116,7 +142,7 @@ def markdown(doc: dict) -> str:
         lines += [f"| unexplained | | | {d['unexplained_ms']:+.2f} | {share} | "
                   + "; ".join(f"{k['model'].upper()} {_where(k)} {k['ms']:.2f} ms"
                               for k in d.get("unexplained_kernels", [])[:3]) + " |", "",
-                  f"Named causes explain {d['explained_share']:.0%} of B-A. Kernel times come "
+                  f"{_sentence(explanation_line(d))}. Kernel times come "
                   f"from each runtime's profiler, scaled to the measured medians (scale A "
                   f"{d['profile_scale']['a']:.2f}, B {d['profile_scale']['b']:.2f})."
                   + (f" Warning: {scale_warning(d)}." if scale_warning(d) else ""), "",

@@ -131,7 +131,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
 def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
     from .. import fallbacks, pipeline
     from ..frontend import model_file
-    from ..precision.kernel_plan import make_plan
+    from ..precision.kernel_plan import compiled_kernels, make_plan
     from ..precision.schemes import library_compute, passes_for
     from ..runtime.artifact import write_artifact
     from .accuracy import accuracy_report
@@ -210,6 +210,7 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
                                           dump=dump)
             except Exception as err:
                 raise BuildError(f"optimization failed: {error_line(err)}") from err
+            plan.compiled = compiled_kernels(fused, plan.dims)
         timings["plan_s"] = timings.get("plan_s", 0.0) + time.perf_counter() - t_plan
 
         # Tuning database: matched against the fused module the "database" phase will see.

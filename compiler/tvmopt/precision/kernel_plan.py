@@ -37,6 +37,9 @@ class Plan:
     # --dispatch auto|library: per oneDNN workload, the choice and both timings on this host
     dispatch: list[dict] = field(default_factory=list)
     dispatch_notes: list[str] = field(default_factory=list)
+    # the kernels as built, where precision rewrites changed the planned fp32 ones: {name, ops,
+    # flops, bytes} each, so a profile of the artifact is matched to what each kernel computes
+    compiled: list[dict] = field(default_factory=list)
 
     @property
     def kernels_after_fusion(self) -> int:
@@ -138,6 +141,12 @@ def analyze_module(fused_mod, ops_by_kernel: dict[str, list[str]],
                               is_mm and const_2d_float == 1 and not integer,
                               unknown=sorted(unknown)))
     return out
+
+
+def compiled_kernels(fused_mod, dims: dict[str, int] | None = None) -> list[dict]:
+    """{name, ops, flops, bytes} of every fused kernel `main` of `fused_mod` calls."""
+    return [{"name": k.name, "ops": k.ops, "flops": k.flops, "bytes": k.bytes}
+            for k in analyze_module(fused_mod, fused_ops(fused_mod), dims)]
 
 
 def _tvm_mod_of(func, name):
