@@ -97,7 +97,9 @@ def seed_defaults(tasks, db, hw, target, builder, runner) -> list[Seed]:
                 seeds[task.name] = Seed(task.name, how, None, False,
                                         f"build failed: {_first_line(b.error_msg)}")
                 continue
-            args = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
+            # As MetaSchedule measures a candidate: a packed weight is an argument in its
+            # packed layout (the packing folds into the constant at compile time).
+            args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
             device = "cpu" if target.kind.name == "llvm" else str(target.kind.name)
             inputs.append(ms.runner.RunnerInput(b.artifact_path, device, args))
             ran.append((task, sch, how, args))
