@@ -55,6 +55,9 @@ def print_tune_result(result) -> None:
                       if result.seeds else "")
                    + f"; failed builds {result.build_failures}, failed runs "
                    f"{result.run_failures}; {result.wall_s:.1f} s")
+    if result.standby:
+        _console.print(f"standby: {result.standby} kernel(s) on oneDNN here recorded with their "
+                       "default schedule (a compile that keeps them on codegen finds them)")
     _print_budget(result)
     for change in result.option_changes:
         _console.print(f"note: the database was tuned under other pipeline options: {change}")

@@ -114,6 +114,7 @@ class TuneResult:
     search_s: float = 0.0  # seconds the search itself ran
     stopped_by: str = ""  # "trials", "time", "Ctrl-C", "exhausted" (every task ended), "none"
     option_changes: list = field(default_factory=list)  # vs the options the db was tuned under
+    standby: int = 0  # library kernels recorded with their default schedule (see _standby_tasks)
 
     @property
     def estimate_s(self) -> float | None:
@@ -383,14 +384,22 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
         try:
             if tasks:
                 load_target_intrinsics(target)  # before TuneContext, so it skips the full import
-            # The default schedule of each task not yet measured under this pipeline code.
-            unseeded = [t for t in tasks if _task_key(t) not in defaults]
+            # The default schedule of each task not yet measured under this pipeline code, and
+            # of each kernel oneDNN takes here (standby: a compile on another machine, or with
+            # other timings, may keep it on codegen, and then finds its record too).
+            standby = _standby_tasks(opts, hw, target, tasks, on_library)
+            if standby:
+                console.print(f"{len(standby)} standby task(s): kernels on oneDNN here, "
+                              "recorded with their default schedule in case a compile keeps "
+                              "them on codegen")
+            unseeded = [t for t in [*tasks, *standby] if _task_key(t) not in defaults]
             if unseeded and not opts.rpc_tracker:
                 console.print(f"measuring the default schedule of {len(unseeded)} task(s) first")
                 result.seeds = seed_defaults(unseeded, db, hw, target,
                                              make_builder(workers=1), runner)
                 for t, sd in zip(unseeded, result.seeds):
                     defaults[_task_key(t)] = sd.to_json()
+                result.standby = len(standby)
                 _write_manifest(folder, hw, target, opts, sha256_file(opts.model),
                                 len(db.get_all_tuning_records()), popts, defaults, choices)
             if remaining is None or remaining > 0:
@@ -522,6 +531,24 @@ def _log_hint(folder: Path, task_name: str) -> str:
             if "failure" in low and not low.rstrip().endswith(": 0 failure(s)"):
                 return ln.split("]", 1)[-1].strip()[:160]
     return ""
+
+
+def _standby_tasks(opts, hw, target, tasks, on_library) -> list[Task]:
+    """The tasks of the all-codegen front half that the tuned module does not have: the
+    kernels handed to oneDNN here, as codegen would run them."""
+    import tvm_ffi
+
+    if not on_library or opts.missing_only:
+        return []
+    mod, _, _ = fused_module(opts.model, opts.shapes, hw, opts.weight_prepack, "codegen",
+                             precision=opts.precision)
+    have = {_task_key(t) for t in tasks}
+    out = []
+    for t in extract_tasks(mod, target):
+        if _task_key(t) not in have and not any(tvm_ffi.structural_equal(t.mod, u.mod)
+                                                for u in out):
+            out.append(t)
+    return out
 
 
 def _task_key(task: Task) -> str:
