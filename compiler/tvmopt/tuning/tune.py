@@ -494,9 +494,12 @@ def _search(opts, tasks, target, hw, folder, db, runner, remaining, result, cons
     for i, task in enumerate(tasks):
         n, bfail, rfail, err = per_task.get(i, [0, 0, 0, ""])
         status = ""
-        if result.stopped_by == "exhausted" or (n < cap and i < len(records) and records[i]
-                                                and result.stopped_by == "trials" and n == 0):
+        if result.stopped_by == "exhausted" or (i < len(records) and records[i] and n < cap
+                                                and result.stopped_by in ("trials", "time")
+                                                and (n == 0 or bfail + rfail == n)):
             status = _why_ended(task, folder, n, bfail, rfail, err, cap)
+        elif n == 0:
+            status = "no trials: the budget was spent before the task scheduler reached it"
         out.append(TaskResult(task.name, task.weight, task.flops, 0, None, trials_run=n,
                               status=status))
     result.tasks = out
