@@ -305,10 +305,6 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
         from rich.console import Console
 
         console = Console(stderr=True)
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn)
-    from tvm.s_tir import meta_schedule as ms
-
     from .. import stage
     from ..files import sha256_file
     from ..front import options_differ
@@ -443,7 +439,6 @@ def _search(opts, tasks, target, hw, folder, db, runner, remaining, result, cons
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=False)
     per_task: dict[int, list] = {}
-    records = []
     t_start = time.monotonic()
     # Ctrl-C is owned by CtrlC from here on (see tuning/interrupt.py): it must be entered
     # before the builder and runner workers start, so they inherit the blocked SIGINT and a
@@ -475,11 +470,8 @@ def _search(opts, tasks, target, hw, folder, db, runner, remaining, result, cons
             # Our StopTuning comes back as a TVM error (it crossed the FFI).
             if not ctrl_c.is_stop_error(err):
                 raise
-        finally:
-            records = [(bool(r.is_terminated)) for r in ctrl_c.scheduler.tasks_] \
-                if ctrl_c.scheduler is not None else []
         result.interrupted = ctrl_c.requested
-        timed_out = ctrl_c.out_of_time
+        timed_out = ctrl_c.stopped and not ctrl_c.requested  # StopTuning at the deadline
     result.search_s = time.monotonic() - t_start
     spent = sum(v[0] for v in per_task.values())
     if result.interrupted:
@@ -494,11 +486,11 @@ def _search(opts, tasks, target, hw, folder, db, runner, remaining, result, cons
     for i, task in enumerate(tasks):
         n, bfail, rfail, err = per_task.get(i, [0, 0, 0, ""])
         status = ""
-        if result.stopped_by == "exhausted" or (i < len(records) and records[i] and n < cap
-                                                and result.stopped_by in ("trials", "time")
-                                                and (n == 0 or bfail + rfail == n)):
+        # Every task is terminated once tune_tasks returns: only a run that ended before its
+        # budget says the tasks' own searches ended it.
+        if result.stopped_by == "exhausted" or (n and bfail + rfail == n):
             status = _why_ended(task, folder, n, bfail, rfail, err, cap)
-        elif n == 0:
+        elif n == 0 and result.stopped_by in ("trials", "time"):
             status = "no trials: the budget was spent before the task scheduler reached it"
         out.append(TaskResult(task.name, task.weight, task.flops, 0, None, trials_run=n,
                               status=status))
