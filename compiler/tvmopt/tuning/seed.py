@@ -74,27 +74,31 @@ def default_schedule(task, hw, target):
 
 
 def seed_defaults(tasks, db, hw, target, builder, runner) -> list[Seed]:
-    """Measure each task's default schedule and commit it to `db` as a record."""
+    """Measure each task's default schedule and commit it to `db` as a record.
+
+    Returns:
+        One Seed per task, in order (names may repeat across modules: matched by position).
+    """
     from tvm.s_tir import meta_schedule as ms
 
     from ..errors import error_line
 
-    seeds: dict[str, Seed] = {}
-    todo = []  # (task, schedule, how)
-    for task in tasks:
+    seeds: dict[int, Seed] = {}
+    todo = []  # (index, task, schedule, how)
+    for i, task in enumerate(tasks):
         try:
             sch, how = default_schedule(task, hw, target)
         except Exception as err:  # pylint: disable=broad-except
-            seeds[task.name] = Seed(task.name, "default rules", None, False,
-                                    f"not reproducible as a record: {error_line(err)}")
+            seeds[i] = Seed(task.name, "default rules", None, False,
+                            f"not reproducible as a record: {error_line(err)}")
             continue
-        todo.append((task, sch, how))
+        todo.append((i, task, sch, how))
     if todo:
-        built = builder.build([ms.builder.BuilderInput(sch.mod, target) for _, sch, _ in todo])
+        built = builder.build([ms.builder.BuilderInput(sch.mod, target) for _, _, sch, _ in todo])
         inputs, ran = [], []
-        for (task, sch, how), b in zip(todo, built):
+        for (i, task, sch, how), b in zip(todo, built):
             if b.error_msg:
-                seeds[task.name] = Seed(task.name, how, None, False,
+                seeds[i] = Seed(task.name, how, None, False,
                                         f"build failed: {_first_line(b.error_msg)}")
                 continue
             # As MetaSchedule measures a candidate: a packed weight is an argument in its
@@ -102,19 +106,20 @@ def seed_defaults(tasks, db, hw, target, builder, runner) -> list[Seed]:
             args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
             device = "cpu" if target.kind.name == "llvm" else str(target.kind.name)
             inputs.append(ms.runner.RunnerInput(b.artifact_path, device, args))
-            ran.append((task, sch, how, args))
+            ran.append((i, task, sch, how, args))
         results = [f.result() for f in runner.run(inputs)] if inputs else []
-        for (task, sch, how, args), r in zip(ran, results):
+        for (i, task, sch, how, args), r in zip(ran, results):
             if r.error_msg or not r.run_secs:
-                seeds[task.name] = Seed(task.name, how, None, False,
+                seeds[i] = Seed(task.name, how, None, False,
                                         f"run failed: {_first_line(r.error_msg or 'no time')}")
                 continue
             workload = db.commit_workload(task.mod)
             db.commit_tuning_record(ms.database.TuningRecord(
                 sch.trace, workload, r.run_secs, target, args))
             secs = [float(s) for s in r.run_secs]
-            seeds[task.name] = Seed(task.name, how, sum(secs) / len(secs), True)
-    return [seeds[t.name] for t in tasks if t.name in seeds]
+            seeds[i] = Seed(task.name, how, sum(secs) / len(secs), True)
+    return [seeds.get(i) or Seed(t.name, "default rules", None, False, "not measured")
+            for i, t in enumerate(tasks)]
 
 
 def _first_line(text: str) -> str:
