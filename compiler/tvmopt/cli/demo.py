@@ -68,5 +68,6 @@ def demo(target, output, runs):
         shutil.rmtree(output, ignore_errors=True)
         os.replace(untuned_dir, output)
         click.echo(f"the tuned build is NOT faster here ({tuned_ms:.3f} vs {untuned_ms:.3f} ms "
-                   f"untuned): the untuned build is kept at {output}; retune with `tvmopt tune "
-                   f"--target {target} --minutes N --db DIR` for this machine")
+                   f"untuned): the untuned build is kept at {output}; tune for this machine "
+                   f"with `tvmopt tune {opts.model} --target {target} "
+                   f"{' '.join('--shape ' + s for s in shapes)} --minutes N --db DIR`")
