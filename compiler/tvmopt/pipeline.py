@@ -58,9 +58,9 @@ class PipelineConfig:
     # Symbolic dim name -> its largest value (`compile --dim seq=1..512`): memory is planned
     # once for it (passes.dim_bounds).
     dim_upper_bounds: dict = field(default_factory=dict)
-    # NHWC convolutions (the default schedules' layout). None: on unless a tuning database is
-    # applied, since its records were tuned on the NCHW functions tuning extracted.
-    channels_last: bool | None = None
+    # NHWC convolutions (the default schedules' layout). A tuning database does not change it:
+    # `tune` extracts its tasks from the module built with the same options (tvmopt.front).
+    channels_last: bool = True
     # What the phases decided that the user should hear (e.g. the library fell back), and
     # the per-kernel library/codegen decisions with their timings.
     notes: list = field(default_factory=list)
@@ -85,7 +85,7 @@ class PipelineConfig:
 
     @property
     def use_channels_last(self) -> bool:
-        return self.database is None if self.channels_last is None else self.channels_last
+        return self.channels_last
 
 
 def _simplify(target, cfg):

@@ -429,3 +429,35 @@ def test_tune_leaves_out_the_kernels_compile_gives_onednn(tmp_path):
 
     manifest = json.loads((tmp_path / "db" / MANIFEST_FILE).read_text())
     assert manifest["dispatch"] == "library"
+
+
+def test_a_group_given_back_to_codegen_is_the_kernel_codegen_fuses():
+    """A ReLU6 conv oneDNN could take but codegen keeps fuses to the same function as in the
+    all-codegen pipeline (clip bounds as immediates), so a tuning record of one serves both."""
+    import tvm_ffi
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.targets.registry import get_target
+    from tvmopt.tuning.tasks import extract_tasks
+
+    inits = {"W1": rand(8, 8, 3, 3) * 0.2, "W2": rand(8, 8, 1, 1) * 0.2,
+             "lo": np.array(0.0, "float32"), "hi": np.array(6.0, "float32")}
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["c1"], pads=[1] * 4),
+             helper.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
+             helper.make_node("Conv", ["r1", "W2"], ["c2"]),
+             helper.make_node("Clip", ["c2", "lo", "hi"], ["y"])]
+    model = make_model(nodes, [("x", [1, 8, 16, 16])], "y", inits)
+    hw = get_target("x86")
+    target = hw.to_tvm()
+    cfg = pipeline.PipelineConfig(dispatch="codegen", hw=hw)
+    before = pipeline.optimize(import_onnx(model).mod, target, cfg, until="layout")
+
+    def task_hashes(mod):
+        fused = pipeline.optimize(mod, target, pipeline.PipelineConfig(dispatch="codegen", hw=hw),
+                                  start_after="dispatch", until="fuse")
+        return sorted(tvm_ffi.structural_hash(t.mod) for t in extract_tasks(fused, target))
+
+    part = od.partition(before)
+    assert len(od.composites(part)) == 2
+    assert task_hashes(od.lower(part, keep=set())) == task_hashes(before)

@@ -38,6 +38,9 @@ def test_committed_database_replays_fully_and_matches_onnxruntime(name, tmp_path
     assert manifest["target"]["name"] == TARGET
     shapes = [f"{k}={'x'.join(map(str, v))}" for k, v in manifest["shapes"].items()]
     assert shapes, "committed databases are tuned at fixed shapes (--shape)"
+    # Tuned on the module compile builds by default: nothing is switched off to replay them.
+    assert manifest["pipeline"]["layout"] == "NHWC" and manifest["dispatch"] == "auto"
+    assert all(d["committed"] for d in manifest["defaults"].values()), manifest["defaults"]
     out = tmp_path / f"{name}.tvmopt"
     args = ["compile", str(bundled()[name]), "--target", TARGET, "--db", str(db),
             "--require-db", "--verify", "-o", str(out)]
@@ -47,4 +50,5 @@ def test_committed_database_replays_fully_and_matches_onnxruntime(name, tmp_path
     assert res.exit_code == 0, res.output
     tuning = json.loads((out / "manifest.json").read_text())["tuning"]
     assert tuning["hit_rate"] == 1.0 and tuning["misses"] == []
+    assert not any(c.startswith("layout") for c in tuning["option_changes"])
     assert tuning["skipped_lines"] == 0

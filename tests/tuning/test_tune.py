@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.models import tiny_mlp
+from tests.models import tiny_conv, tiny_mlp
 
-from tvmopt import errors
+from tvmopt import errors, front
 from tvmopt.tuning import database, measure, replay, tasks, tune
 from tvmopt.cli.main import main
 from tvmopt.errors import TargetError
@@ -46,9 +46,86 @@ def test_tune_finds_schedules_without_build_failures(tuned):
     assert result.estimate_s == pytest.approx(sum(t.weight * t.best_s for t in result.tasks))
     manifest = json.loads((db / database.MANIFEST_FILE).read_text())
     assert manifest["target"]["name"] == "x86-avx2"
-    assert manifest["trials"] == 8 and manifest["shapes"] == {"x": [1, 32]}
+    # 8 trials of the search + the 2 default schedules measured first
+    assert manifest["trials"] == 10 and manifest["shapes"] == {"x": [1, 32]}
     assert manifest["target"]["tvm"]["kind"] == "llvm"
     assert len(manifest["model"]["sha256"]) == 64
+
+
+def test_default_schedules_are_measured_first_and_bound_the_best(tuned):
+    _, db, result = tuned
+    assert len(result.seeds) == 2 and all(sd.committed and sd.secs > 0 for sd in result.seeds)
+    for t in result.tasks:  # the default is a record: the best is never slower
+        assert t.default_s is not None and t.best_s <= t.default_s and t.speedup >= 1.0
+    assert result.default_estimate_s >= result.estimate_s
+    manifest = json.loads((db / database.MANIFEST_FILE).read_text())
+    assert manifest["pipeline"] == {"layout": "NHWC", "dispatch": "codegen", "precision": "auto",
+                                    "weight_prepack": False,
+                                    "fingerprint": front.pipeline_fingerprint()}
+    assert sorted(d["task"] for d in manifest["defaults"].values()) == sorted(
+        t.name for t in result.tasks)
+    assert result.stopped_by == "trials" and result.spent == 1.0
+
+
+def test_compile_says_when_the_database_was_tuned_under_other_options(tuned, tmp_path):
+    model, db, _ = tuned
+    other = _copy_db(db, tmp_path / "other-options")
+    m = json.loads((other / database.MANIFEST_FILE).read_text())
+    m["pipeline"].update(dispatch="library", fingerprint="0" * 64)
+    (other / database.MANIFEST_FILE).write_text(json.dumps(m))
+    out = tmp_path / "o.tvmopt"
+    res = CliRunner().invoke(main, ["compile", model, "--shape", "x=1x32", "--db", str(other),
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())
+    assert "was tuned under other pipeline options (dispatch library (this compile: codegen); " \
+           "pipeline code changed since): records of unchanged kernels still apply (2 of 2 " \
+           "tasks)" in flat
+    tun = json.loads((out / "manifest.json").read_text())["tuning"]
+    assert tun["hit_rate"] == 1.0 and len(tun["option_changes"]) == 2
+
+
+def test_default_schedules_alone_serve_every_task_of_the_nhwc_module(tmp_path):
+    """--trials 0: only the default schedules are measured; they are records of exactly the
+    module compile builds (NHWC convolutions, nothing switched off), so --require-db holds."""
+    model = tiny_conv(tmp_path / "conv.onnx", channels=16, size=8)
+    db = tmp_path / "db"
+    res = CliRunner().invoke(main, ["tune", model, "--db", str(db), "--trials", "0",
+                                    "--dispatch", "codegen"])
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())
+    # two convolutions and the NCHW <-> NHWC transposes at the graph's edges
+    assert "0 before + 0 this run (+ 4 default schedules measured)" in flat
+    out = tmp_path / "c.tvmopt"
+    res = CliRunner().invoke(main, ["compile", model, "--db", str(db), "--require-db",
+                                    "--verify", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "tuned under other pipeline options" not in res.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["tuning"]["hit_rate"] == 1.0 and manifest["tuning"]["hits"] == 4
+    assert "layout NHWC" in " ".join(res.output.split())
+
+
+def test_minutes_budget_ends_the_search_and_says_so(tuned, tmp_path):
+    model, db, _ = tuned
+    copy = _copy_db(db, tmp_path / "timed")
+    res = CliRunner().invoke(main, ["tune", model, "--shape", "x=1x32", "--db", str(copy),
+                                    "--minutes", "0.01", "--population", "16",
+                                    "--trials-per-round", "2"])
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())
+    assert "of 0.0 min (time budget reached)" in flat
+
+
+def test_a_task_whose_search_ends_early_says_why(tmp_path):
+    t = tasks.Task("k", 1, None, 0.0)
+    why = tune._why_ended
+    assert why(t, tmp_path, 4, 4, 0, "RuntimeError: boom", 100) == \
+        "every candidate failed to build: RuntimeError: boom"
+    assert why(t, tmp_path, 3, 1, 2, "x", 100).startswith("every candidate failed to run")
+    assert why(t, tmp_path, 3, 0, 0, "", 100).startswith("design space exhausted after 3 trial(s)")
+    assert why(t, tmp_path, 0, 0, 0, "", 100) == "the search produced no candidate"
+    assert why(t, tmp_path, 100, 0, 0, "", 100) == "reached --max-trials-per-task 100"
 
 
 def test_replay_hits_every_task_and_matches_onnxruntime(tuned, tmp_path):
@@ -140,7 +217,8 @@ def test_spent_budget_runs_nothing_and_reports(tuned, tmp_path):
                                     "--trials", "8"])
     assert res.exit_code == 0, res.output
     flat = " ".join(res.output.split())
-    assert "trials: 8 before + 0 this run" in flat and "whole-model estimate" in flat
+    assert "trials: 10 before + 0 this run" in flat and "whole-model estimate" in flat
+    assert "budget: spent 0 of 0 trials (trial budget reached)" in flat
 
 
 def test_missing_only_tunes_just_the_tasks_without_a_record(tuned, tmp_path):
@@ -167,7 +245,7 @@ def test_prune_keeps_best_record_per_task(tuned, tmp_path):
     model, db, result = tuned
     copy = _copy_db(db, tmp_path / "pruned")
     before, after = database.prune(copy, top_k=1)
-    assert (before, after) == (8, 2)
+    assert (before, after) == (10, 2)
     hw = get_target("x86")
     fused, _, _ = tune.fused_module(model, SHAPE, hw)
     rep = replay.open_for_replay(copy, hw, fused)
@@ -185,6 +263,10 @@ def test_host_port_and_options_are_validated():
             measure.parse_host_port(bad)
     with pytest.raises(errors.TuningError, match="--trials"):
         tune.TuneOptions(model="m.onnx", trials=-1)
+    with pytest.raises(errors.TuningError, match="--minutes must be > 0"):
+        tune.TuneOptions(model="m.onnx", minutes=0)
+    assert tune.TuneOptions(model="m.onnx").trials == 64
+    assert tune.TuneOptions(model="m.onnx", minutes=5).trials is None
     with pytest.raises(errors.TuningError, match="--rpc-key"):
         tune.TuneOptions(model="m.onnx", rpc_tracker="127.0.0.1:9190")
     with pytest.raises(errors.TuningError, match="HOST:PORT"):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
 
 import click
 
@@ -28,7 +31,8 @@ def demo(target, output, runs):
     from ..tuning.database import bundled_db_dir, read_manifest
 
     # The committed tuning database for this model and target, replayed with the shapes it was
-    # tuned at; without one, the default (dlight) schedules.
+    # tuned at; without one, the default schedules. With one, the untuned build is made and
+    # timed too, in the same run: the demo keeps whichever is faster on this machine and says so.
     db = bundled_db_dir(DEFAULT, get_target(target).name)
     db_manifest = read_manifest(db) if db.is_dir() else None
     shapes = ([f"{k}={'x'.join(map(str, v))}" for k, v in db_manifest.get("shapes", {}).items()]
@@ -43,4 +47,27 @@ def demo(target, output, runs):
         from ..tuning.report import print_replay
 
         print_replay(result.replay)
-    print_latency_summary(latency_summary(result.artifact.path, opts.model, runs=runs))
+    if not db_manifest:
+        print_latency_summary(latency_summary(result.artifact.path, opts.model, runs=runs))
+        return
+    untuned_dir = Path(output).with_name(Path(output).name + ".untuned")
+    untuned = compile_model(replace(opts, db=None, output=str(untuned_dir)),
+                            log=lambda _line: None)
+    rows = latency_summary(result.artifact.path, opts.model, runs=runs,
+                           others={"tvmopt untuned": untuned.artifact.path})
+    rows[0]["runtime"] = "tvmopt tuned"
+    print_latency_summary(rows)
+    tuned_ms, untuned_ms = rows[0]["median_ms"], rows[1]["median_ms"]
+    if tuned_ms < untuned_ms:
+        click.echo(f"the tuned build is faster here ({tuned_ms:.3f} vs {untuned_ms:.3f} ms "
+                   f"untuned): kept at {output}")
+        shutil.rmtree(untuned_dir, ignore_errors=True)
+    else:
+        # The database does not pay on this machine (tuned elsewhere, or for an older pipeline):
+        # the faster build is the one to hand over.
+        shutil.rmtree(output, ignore_errors=True)
+        os.replace(untuned_dir, output)
+        click.echo(f"the tuned build is NOT faster here ({tuned_ms:.3f} vs {untuned_ms:.3f} ms "
+                   f"untuned): the untuned build is kept at {output}; tune for this machine "
+                   f"with `tvmopt tune {opts.model} --target {target} "
+                   f"{' '.join('--shape ' + s for s in shapes)} --minutes N --db DIR`")

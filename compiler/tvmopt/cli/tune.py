@@ -10,8 +10,11 @@ from . import options
 @click.command()
 @options.model_argument()
 @options.target()
-@click.option("--trials", type=int, default=64, show_default=True,
-              help="Total trial budget of the database; records already in it count.")
+@click.option("--trials", type=int,
+              help="Total trial budget of the database; records already in it count "
+                   "[default: 64, or none with --minutes].")
+@click.option("--minutes", type=float,
+              help="Wall-clock budget of this run's search; with --trials, the first reached ends it.")
 @click.option("--db", "db", type=click.Path(file_okay=False),
               help="Database folder [default: schedules/<model>/<target>/].")
 @click.option("--max-trials-per-task", type=int, help="Cap on trials per task in this run.")
@@ -25,22 +28,25 @@ from . import options
 @click.option("--weight-prepack", is_flag=True,
               help="CPU layout rewrite: let schedules choose weight layouts (prepacked at compile).")
 @click.option("--missing-only", is_flag=True,
-              help="Tune only the tasks without a valid record (after a pipeline change).")
+              help="Tune only the tasks without a valid record (after a pipeline change or "
+                   "with other options: compile names them).")
 @click.option("--tasks", "task_selection", default="all", show_default=True, metavar="all|slowest:N",
               help="slowest:N: time every kernel under the default schedules on this host first "
                    "and tune only the N that cost the most per inference.")
+@options.precision()
 @options.dispatch("Leave out of tuning the conv2d/matmul kernels compile would give oneDNN: "
                   "auto (those timing faster there), library (all it takes), codegen (none). "
                   "Compile with the same setting.")
-def tune(model, target, trials, db, max_trials_per_task, shapes, rpc_tracker, rpc_key,
+def tune(model, target, trials, minutes, db, max_trials_per_task, shapes, rpc_tracker, rpc_key,
          trials_per_round, prune_top_k, population, weight_prepack, missing_only, task_selection,
-         dispatch):
+         precision, dispatch):
     """Tune MODEL (.onnx or .pt2) with MetaSchedule (XGBoost cost model) into a resumable database."""
     from ..tuning.report import print_tune_result
     from ..tuning.tune import TuneOptions, tune as run_tune
     from ..tuning.database import prune
 
     opts = TuneOptions(model=model or options.default_model(), target=target, trials=trials, db=db,
+                       minutes=minutes, precision=precision,
                        max_trials_per_task=max_trials_per_task, shapes=list(shapes),
                        rpc_tracker=rpc_tracker, rpc_key=rpc_key,
                        trials_per_round=trials_per_round, population=population,

@@ -131,8 +131,8 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
 def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
     from .. import fallbacks, pipeline
     from ..frontend import model_file
-    from ..precision.kernel_plan import compiled_kernels, make_plan
-    from ..precision.schemes import library_compute, passes_for
+    from ..front import fuse_and_plan, options_differ, pipeline_options
+    from ..precision.schemes import library_compute
     from ..runtime.artifact import write_artifact
     from .accuracy import accuracy_report
     from .manifest import cuda_report, fallbacks_manifest, kernels_manifest, precision_manifest
@@ -167,9 +167,9 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
     compute = library_compute(hw, opts.precision) if opts.dispatch != "codegen" else ("fp32",)
 
     def config(fp32_only=frozenset(), fp32=False):
-        # A database's records were tuned on the NCHW functions `tune` extracted: keep that layout.
+        # The same options with or without a database: `tune` extracts its tasks from this
+        # very module (tvmopt.front), so nothing is switched off for the records to match.
         return pipeline.PipelineConfig(weight_prepack=prepack, dispatch=opts.dispatch,
-                                       channels_last=not opts.db,
                                        library_compute=("fp32",) if fp32 else compute,
                                        fp32_only=frozenset(fp32_only), retime=opts.retime,
                                        hw=hw, dim_upper_bounds={k: hi for k, (_, hi)
@@ -195,22 +195,12 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
         # of each library call).
         t_plan = time.perf_counter()
         try:
-            fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF,
-                                      dump=dump)
+            fused, plan = fuse_and_plan(imported.mod, target, hw, cfg, opts.precision,
+                                        dims=opts.verify_dims, dump=dump, log=log)
+        except BuildError:
+            raise
         except Exception as err:
             raise BuildError(f"optimization failed: {error_line(err)}") from err
-        plan = make_plan(fused, hw, opts.precision, dims=opts.verify_dims,
-                         library=cfg.dispatch_choices)
-        for d in plan.decisions:
-            log(f"precision {d.precision}: {d.action}: {d.reason}")
-        cfg.precision_passes = passes_for(plan, hw)
-        if cfg.precision_passes:  # the rewrites run in the precision phase, before legalization
-            try:
-                fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF,
-                                          dump=dump)
-            except Exception as err:
-                raise BuildError(f"optimization failed: {error_line(err)}") from err
-            plan.compiled = compiled_kernels(fused, plan.dims)
         timings["plan_s"] = timings.get("plan_s", 0.0) + time.perf_counter() - t_plan
 
         # Tuning database: matched against the fused module the "database" phase will see.
@@ -221,6 +211,14 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
 
             t_db = time.perf_counter()
             replay = replay_database(opts.db, hw, fused, opts.require_db, loaded=loaded)
+            replay.option_changes = options_differ((replay.manifest or {}).get("pipeline"),
+                                                   pipeline_options(cfg, opts.precision))
+            if replay.option_changes:
+                log(f"note: database {opts.db} was tuned under other pipeline options ("
+                    f"{'; '.join(replay.option_changes)}): records of unchanged kernels still "
+                    f"apply ({len(replay.hits)} of {len(replay.hits) + len(replay.misses)} tasks)"
+                    + (f"; `tvmopt tune MODEL --db {opts.db} --missing-only` tunes the other "
+                       f"{len(replay.misses)}" if replay.misses else ""))
             with fallbacks.paused():  # its trial builds are not the artifact's
                 replay.compared = prefer_default_where_faster(replay, hw, fused, prepack)
             cfg.database = replay.db

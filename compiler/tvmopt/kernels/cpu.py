@@ -419,9 +419,11 @@ class ContractionRule(_LLVMRule):
     def accepts(self, c: _Contraction) -> bool:  # pylint: disable=unused-argument
         return True
 
-    def _apply(self, func, target, pad=True):
+    def _apply(self, func, target):
+        return self._schedule(s_tir.Schedule(func), func, target, pad=True)
+
+    def _schedule(self, sch, func, target, pad):
         params = self.params or CPUParams.from_target(target)
-        sch = s_tir.Schedule(func)
         infos = normalize_prim_func(sch)
         if infos is None:
             return None
@@ -458,11 +460,13 @@ class ContractionRule(_LLVMRule):
             return None
         padding = self._ragged_padding(c, tile, lanes) if pad else None
         if padding is not None:
+            # On the same schedule, so its trace (a tuning record's, tuning/seed.py) holds
+            # the padding too.
             try:
                 sch.pad_einsum(c.block, padding)
-                return self._apply(sch.mod["main"], target, pad=False)
-            except Exception:  # pylint: disable=broad-except
-                return self._apply(func, target, pad=False)  # not an einsum (conv): as it is
+            except Exception:  # pylint: disable=broad-except - not an einsum (conv): as it is
+                return self._schedule(s_tir.Schedule(func), func, target, pad=False)
+            return self._schedule(sch, func, target, pad=False)
 
         # Epilogue: chain of elementwise blocks -> inline all but the last into it.
         epilogue = None

@@ -1274,6 +1274,12 @@ def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO,
             if back:
                 func = func.inline_functions(back)
             mod[gv] = lowered.visit_expr(func)
+    if back:
+        # Inlining binds each composite parameter to its argument (`param_2 = R.const(0.0)`):
+        # propagated back into the ops, a kernel left to codegen is the very function the
+        # all-codegen pipeline fuses (clip bounds as immediates, not scalar buffers), so it
+        # builds as well and a tuning record of it matches.
+        mod = relax.transform.CanonicalizeBindings()(mod)
     if any(is_quantized(f) for f in back.values()):
         # Inlined int8 groups bring back their weights' dequantize (fold it into fp32 constants
         # again: a build would otherwise dequantize them on every run) and their private

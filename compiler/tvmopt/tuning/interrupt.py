@@ -35,12 +35,13 @@ import signal
 import sys
 import threading
 
-STOP_MESSAGE = "tuning stopped by Ctrl-C at a safe point"
+STOP_MESSAGE = "tuning stopped at a safe point"
 _SENTINEL = 0  # written to the wakeup pipe to end the watcher; never a signal number
 
 
 class StopTuning(Exception):
-    """Raised from a tvmopt callback to end MetaSchedule's tuning loop after a Ctrl-C."""
+    """Raised from a tvmopt callback to end MetaSchedule's tuning loop after a Ctrl-C or when
+    the time budget is spent."""
 
     def __init__(self):
         super().__init__(STOP_MESSAGE)
@@ -59,11 +60,14 @@ class CtrlC:
     Attributes:
         requested: a Ctrl-C arrived; tuning stops at the next safe point.
         stopped: StopTuning was raised (the loop ended early).
+        deadline: time.monotonic() past which tuning stops at the next safe point (the
+            `--minutes` budget), or None.
     """
 
     def __init__(self, db_dir=None, console=None):
         self.requested = False
         self.stopped = False
+        self.deadline = None
         self.scheduler = None  # the TaskScheduler, set by tune(); needed to join pending tasks
         self._db_dir = db_dir
         self._console = console
@@ -153,11 +157,18 @@ class CtrlC:
             current_task: the task whose measure callbacks are running (its batch is being
                 committed by the caller; it must not be joined again).
         """
-        if not self.requested or self._joining:
+        if not (self.requested or self.out_of_time) or self._joining:
             return
         self.commit_measured(current_task)
         self.stopped = True
         raise StopTuning()
+
+    @property
+    def out_of_time(self) -> bool:
+        """The time budget is spent (Ctrl-C's safe points end the run then too)."""
+        import time
+
+        return self.deadline is not None and time.monotonic() >= self.deadline
 
     def commit_measured(self, current_task: int | None = None) -> None:
         """Join every other task's measured batch, so its records reach the database now.
@@ -230,7 +241,7 @@ class CtrlC:
                 inner.save(path)
 
             def update(self, context, candidates, results):
-                if not ctrl_c.requested:
+                if not (ctrl_c.requested or ctrl_c.out_of_time):
                     inner.update(context, candidates, results)
 
             def predict(self, context, candidates):

@@ -27,6 +27,9 @@ class Replay:
     manifest: dict | None
     # Each served task tuned vs the default schedule on this host (tuning/prefer.py).
     compared: list = field(default_factory=list)
+    # The pipeline options the database was tuned under that differ from this compile's
+    # (tvmopt.front.options_differ); its records of unchanged kernels still match.
+    option_changes: list = field(default_factory=list)
 
     @property
     def weight_prepack(self) -> bool:
@@ -45,6 +48,8 @@ class Replay:
                 "weight_prepack": self.weight_prepack,
                 "db_trials": (self.manifest or {}).get("trials"),
                 "db_shapes": (self.manifest or {}).get("shapes"),
+                "db_pipeline": (self.manifest or {}).get("pipeline"),
+                "option_changes": self.option_changes,
                 "records_vs_default": [c.to_json() for c in self.compared]}
 
 

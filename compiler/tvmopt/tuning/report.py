@@ -22,29 +22,73 @@ def _count(n: float) -> str:
     return f"{n:.0f}"
 
 
+def _fmt(s: float | None) -> str:
+    return f"{_us(s)} µs" if s is not None and s < 1e-3 else f"{_ms(s)} ms"
+
+
 def print_tune_result(result) -> None:
-    """Per-task table (FLOPs, best latency, GFLOP/s, trials) plus the whole-model estimate."""
+    """Per-task table (default vs best, speed-up, trials), the whole-model estimate, what the
+    budget bought, and per task why a search ended early."""
     table = Table(title=f"tuning database {result.db_dir}")
-    for col in ("task", "weight", "FLOPs", "best µs", "GFLOP/s", "trials"):
+    for col in ("task", "weight", "FLOPs", "default µs", "best µs", "speed-up", "GFLOP/s",
+                "trials"):
         table.add_column(col, justify="left" if col == "task" else "right")
     for t in result.tasks:
-        table.add_row(t.name, str(t.weight), _count(t.flops), _us(t.best_s),
-                      "-" if t.gflops is None else f"{t.gflops:.1f}", str(t.trials))
+        table.add_row(t.name, str(t.weight), _count(t.flops), _us(t.default_s), _us(t.best_s),
+                      "-" if t.speedup is None else f"{t.speedup:.2f}x",
+                      "-" if t.gflops is None else f"{t.gflops:.1f}",
+                      f"{t.trials_run}/{t.trials}")
     _console.print(table)
-    est = result.estimate_s
-    shown = f"{_us(est)} µs" if est is not None and est < 1e-3 else f"{_ms(est)} ms"
-    _console.print(f"whole-model estimate: {shown} (sum of weight x best latency)"
-                   if est is not None else
-                   "whole-model estimate: n/a (some tasks have no valid measurement yet)")
-    _console.print(f"trials: {result.trials_before} before + {result.trials_run} this run; "
-                   f"failed builds {result.build_failures}, failed runs {result.run_failures}; "
-                   f"{result.wall_s:.1f} s")
+    est, base = result.estimate_s, result.default_estimate_s
+    if est is None:
+        _console.print("whole-model estimate: n/a (some tasks have no valid measurement yet)")
+    elif base is None:
+        _console.print(f"whole-model estimate: {_fmt(est)} (sum of weight x best latency)")
+    else:
+        _console.print(f"whole-model estimate: default schedules {_fmt(base)} -> best {_fmt(est)}"
+                       f" ({base / est:.2f}x; sum of weight x latency over the tuned kernels)")
+    unmeasured = [sd for sd in result.seeds if not sd.committed]
+    for sd in unmeasured:
+        _console.print(f"[yellow]default schedule of {sd.task} not recorded:[/] {sd.error}")
+    _console.print(f"trials: {result.trials_before} before + {result.trials_run} this run"
+                   + (f" (+ {len(result.seeds) - len(unmeasured)} default schedules measured)"
+                      if result.seeds else "")
+                   + f"; failed builds {result.build_failures}, failed runs "
+                   f"{result.run_failures}; {result.wall_s:.1f} s")
+    if result.standby:
+        _console.print(f"standby: {result.standby} kernel(s) on oneDNN here recorded with their "
+                       "default schedule (a compile that keeps them on codegen finds them)")
+    _print_budget(result)
+    for change in result.option_changes:
+        _console.print(f"note: the database was tuned under other pipeline options: {change}")
     if result.sanitized.dropped:
         _console.print(f"[yellow]warning:[/] skipped {result.sanitized.dropped} corrupt or "
                        "truncated database lines")
     if result.interrupted:
         _console.print("[yellow]interrupted:[/] records measured so far are kept; "
                        "rerun the same command to continue")
+
+
+def _print_budget(result) -> None:
+    """What share of the budget was spent and, when not all of it, why (never silent)."""
+    from .tune import SPENT_ENOUGH
+
+    parts = []
+    if result.budget_trials is not None:
+        parts.append(f"{result.trials_run} of {result.budget_trials} trials")
+    if result.budget_s is not None:
+        parts.append(f"{result.search_s / 60:.1f} of {result.budget_s / 60:.1f} min")
+    if not parts:
+        return
+    why = {"trials": "trial budget reached", "time": "time budget reached",
+           "Ctrl-C": "stopped by Ctrl-C",
+           "exhausted": "every task's search ended before the budget"}.get(result.stopped_by, "")
+    _console.print(f"budget: spent {', '.join(parts)}" + (f" ({why})" if why else ""))
+    spent = result.spent
+    if spent is not None and spent < SPENT_ENOUGH or result.stopped_by == "exhausted":
+        for t in result.tasks:
+            if t.status:
+                _console.print(f"  {t.name}: {t.status}")
 
 
 def print_replay(replay) -> None:

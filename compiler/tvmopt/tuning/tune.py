@@ -1,8 +1,14 @@
 """`tvmopt tune`: tune a model's fused functions into a resumable database folder.
 
-Tasks are extracted from the module *after* tvmopt's fusion phase (pipeline.optimize(...,
-until="fuse")), which is exactly the module the compile pipeline's "database" phase looks up,
-so a replay hits the functions that were tuned (apache/tvm#19385 missed by applying too early).
+Tasks are extracted from exactly the module `compile` builds with the same options: the front
+half (tvmopt.front: layout, library dispatch, precision plan, through fusion), which is what the
+compile pipeline's "database" phase looks up, so a replay hits the functions that were tuned
+(apache/tvm#19385 missed by applying too early). Kernels handed to oneDNN are no tasks.
+
+Each task's default schedule is measured first and committed as a record (tuning/seed.py), so
+the search starts from it and a task's best record is never slower than the untuned build's.
+The budget is trials (`--trials`), wall-clock minutes (`--minutes`) or both, shared out by
+MetaSchedule's gradient task scheduler by each task's share of the model's time.
 """
 
 from __future__ import annotations
@@ -15,36 +21,55 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TuningError
-from .database import (MANIFEST_FILE, SanitizeReport, _atomic_write, _json_roundtrip, _valid_secs,
-                       check_record_targets, check_target, check_tvm_version, db_dispatch, locked,
-                       open_json_database, read_manifest, sanitize_files)
+from .database import (MANIFEST_FILE, RECORD_FILE, SanitizeReport, _atomic_write,
+                       _json_roundtrip, _valid_secs, check_record_targets, check_target,
+                       check_tvm_version, db_dispatch, locked, open_json_database, read_manifest,
+                       sanitize_files)
 from .interrupt import CtrlC
 from .measure import load_target_intrinsics, make_builder, make_runner, parse_host_port
 from .select import parse_selection, slowest
-from .tasks import TUNE_AFTER_PHASE, Task, extract_tasks
+from .tasks import Task, extract_tasks
+
+# Trials a task gets per round when the budget is minutes (the trial count is open).
+_PER_ROUND_TIMED = 16
+# Below this share of the budget spent, the report says per task why the rest was not.
+SPENT_ENOUGH = 0.9
 
 
 def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False,
-                 dispatch: str = "codegen", notes: list | None = None):
-    """Import the model and run tvmopt's pipeline through the fusion phase.
+                 dispatch: str = "codegen", notes: list | None = None,
+                 precision: str = "auto", database=None, pipeline_opts: dict | None = None):
+    """Import the model and run the front half as `compile` does with the same options.
 
     With `dispatch` "auto" or "library" the kernels compile would hand to oneDNN are already
     library calls here, so they are no tuning tasks: trials go only to what stays codegen.
+
+    Args:
+        database: (MetaSchedule database, content hash) of records already tuned, or None:
+            compile's per-kernel dispatch timing builds the codegen side with them, so this
+            must too to make the same choices.
+        pipeline_opts: filled with the options the module was built under (front.pipeline_options).
 
     Returns:
         (IRModule after fusion, ImportedModel, the dispatch choices)
     """
     from .. import pipeline
+    from ..front import fuse_and_plan, pipeline_options
     from ..frontend.model_file import import_model
+    from ..precision.schemes import library_compute
 
     imported = import_model(model_path, shapes)
     target = hw.to_tvm()
-    # channels_last=False: the layout compile uses with a database (pipeline.PipelineConfig).
-    cfg = pipeline.PipelineConfig(weight_prepack=weight_prepack, channels_last=False,
-                                  dispatch=dispatch, hw=hw)
-    mod = pipeline.optimize(imported.mod, target, cfg, until=TUNE_AFTER_PHASE)
+    compute = library_compute(hw, precision) if dispatch != "codegen" else ("fp32",)
+    cfg = pipeline.PipelineConfig(weight_prepack=weight_prepack, dispatch=dispatch, hw=hw,
+                                  library_compute=compute)
+    if database is not None:
+        cfg.database, cfg.database_id = database
+    mod, _ = fuse_and_plan(imported.mod, target, hw, cfg, precision)
     if notes is not None:
         notes.extend(cfg.notes)
+    if pipeline_opts is not None:
+        pipeline_opts.update(pipeline_options(cfg, precision))
     return mod, imported, cfg.dispatch_choices
 
 
@@ -55,12 +80,21 @@ class TaskResult:
     flops: float
     trials: int
     best_s: float | None  # None: no valid measurement yet
+    default_s: float | None = None  # the default schedule's time (tuning/seed.py)
+    trials_run: int = 0  # measured in this run
+    status: str = ""  # why the task got fewer trials than it could have, when it did
 
     @property
     def gflops(self) -> float | None:
         if not self.best_s or not self.flops:
             return None
         return self.flops / self.best_s / 1e9
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.best_s or not self.default_s:
+            return None
+        return self.default_s / self.best_s
 
 
 @dataclass
@@ -74,6 +108,13 @@ class TuneResult:
     sanitized: SanitizeReport = field(default_factory=SanitizeReport)
     wall_s: float = 0.0
     interrupted: bool = False
+    seeds: list = field(default_factory=list)  # tuning.seed.Seed measured in this run
+    budget_trials: int | None = None  # search trials this run could spend (None: open)
+    budget_s: float | None = None  # seconds this run could spend (None: open)
+    search_s: float = 0.0  # seconds the search itself ran
+    stopped_by: str = ""  # "trials", "time", "Ctrl-C", "exhausted" (every task ended), "none"
+    option_changes: list = field(default_factory=list)  # vs the options the db was tuned under
+    standby: int = 0  # library kernels recorded with their default schedule (see _standby_tasks)
 
     @property
     def estimate_s(self) -> float | None:
@@ -82,9 +123,27 @@ class TuneResult:
             return None
         return sum(t.weight * t.best_s for t in self.tasks)
 
+    @property
+    def default_estimate_s(self) -> float | None:
+        """The same sum over the default schedules (None if a task's was not measured)."""
+        if any(t.default_s is None for t in self.tasks):
+            return None
+        return sum(t.weight * t.default_s for t in self.tasks)
 
-def summarize(db, tasks: list[Task]) -> list[TaskResult]:
-    """Trials and best latency of each task, read from the database."""
+    @property
+    def spent(self) -> float | None:
+        """Share of the budget spent: the larger of trials and time (None: no budget)."""
+        shares = []
+        if self.budget_trials:
+            shares.append(self.trials_run / self.budget_trials)
+        if self.budget_s:
+            shares.append(self.search_s / self.budget_s)
+        return max(shares) if shares else None
+
+
+def summarize(db, tasks: list[Task], defaults: dict | None = None) -> list[TaskResult]:
+    """Trials and best latency of each task, read from the database; `defaults` maps a task's
+    workload hash to its default schedule's seconds (the manifest's "defaults")."""
     import tvm_ffi
 
     by_hash: dict[int, list] = {}
@@ -92,10 +151,12 @@ def summarize(db, tasks: list[Task]) -> list[TaskResult]:
         by_hash.setdefault(tvm_ffi.structural_hash(rec.workload.mod), []).append(rec)
     out = []
     for t in tasks:
-        recs = [r for r in by_hash.get(tvm_ffi.structural_hash(t.mod), [])
-                if tvm_ffi.structural_equal(r.workload.mod, t.mod)]
+        h = tvm_ffi.structural_hash(t.mod)
+        recs = [r for r in by_hash.get(h, []) if tvm_ffi.structural_equal(r.workload.mod, t.mod)]
         secs = [s for s in (_valid_secs(r) for r in recs) if s is not None]
-        out.append(TaskResult(t.name, t.weight, t.flops, len(recs), min(secs) if secs else None))
+        default = ((defaults or {}).get(str(h)) or {}).get("secs")
+        out.append(TaskResult(t.name, t.weight, t.flops, len(recs), min(secs) if secs else None,
+                              default_s=default))
     return out
 
 
@@ -107,7 +168,11 @@ class TuneOptions:
     Attributes:
         model: path to the .onnx file or torch.export program (.pt2).
         target: target name or alias.
-        trials: total trial budget for the database (records already in it count).
+        trials: total trial budget for the database (records already in it count; the
+            default schedules measured first do not). None: 64, or open with `minutes`.
+        minutes: wall-clock budget of this run's search (None: trials alone). With both, the
+            first one reached ends the run.
+        precision: as compile's --precision: the plan's rewrites shape the fused functions.
         db: database folder (default: schedules/<model stem>/<target name>/).
         max_trials_per_task: cap per task in this run (default: trials).
         shapes: --shape overrides ('NAME=1x3x96x96' strings or a parsed dict).
@@ -130,7 +195,9 @@ class TuneOptions:
 
     model: str
     target: str = "x86"
-    trials: int = 64
+    trials: int | None = None
+    minutes: float | None = None
+    precision: str = "auto"
     db: str | None = None
     max_trials_per_task: int | None = None
     shapes: dict = field(default_factory=dict)
@@ -149,8 +216,15 @@ class TuneOptions:
 
         if isinstance(self.shapes, (list, tuple)):
             self.shapes = parse_shapes(self.shapes)
-        if self.trials < 0:
+        if self.trials is None and self.minutes is None:
+            self.trials = 64
+        if self.trials is not None and self.trials < 0:
             raise TuningError("--trials must be >= 0")
+        if self.minutes is not None and self.minutes <= 0:
+            raise TuningError("--minutes must be > 0")
+        from ..precision.policy import parse as parse_precision
+
+        parse_precision(self.precision)
         if self.max_trials_per_task is not None and self.max_trials_per_task <= 0:
             raise TuningError("--max-trials-per-task must be > 0")
         if self.rpc_tracker:  # fail before the model is imported and the database touched
@@ -169,7 +243,7 @@ class TuneOptions:
             self.dispatch = db_dispatch(self.db) if exists else DEFAULT_DISPATCH
 
 
-def _progress_callback(progress, bar, result: TuneResult):
+def _progress_callback(progress, bar, result: TuneResult, per_task: dict):
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
 
@@ -179,9 +253,17 @@ def _progress_callback(progress, bar, result: TuneResult):
                   runner_results):
             n = len(measure_candidates)
             result.trials_run += n
-            result.build_failures += sum(1 for b in builder_results if b.error_msg)
-            result.run_failures += sum(1 for b, r in zip(builder_results, runner_results)
-                                       if not b.error_msg and r.error_msg)
+            stats = per_task.setdefault(int(task_id), [0, 0, 0, ""])
+            stats[0] += n
+            for b, r in zip(builder_results, runner_results):
+                if b.error_msg:
+                    result.build_failures += 1
+                    stats[1] += 1
+                    stats[3] = stats[3] or b.error_msg
+                elif r.error_msg:
+                    result.run_failures += 1
+                    stats[2] += 1
+                    stats[3] = stats[3] or r.error_msg
             progress.update(bar, advance=n, description=(
                 f"tuning  fail build {result.build_failures} / run {result.run_failures}"))
 
@@ -199,6 +281,16 @@ def _require_static(inputs) -> None:
                                   "the size to tune for")
 
 
+def _existing_records(folder: Path, hw):
+    """(database, content hash) of the valid records already in `folder`, or None."""
+    if not (folder / RECORD_FILE).exists():
+        return None
+    from .replay import load_database
+
+    loaded = load_database(folder, hw)
+    return loaded.db, loaded.sha256
+
+
 def tune(opts: TuneOptions, console=None) -> TuneResult:
     """Tune `opts.model` into the database folder `opts.db`, continuing from what it holds.
 
@@ -213,12 +305,10 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
         from rich.console import Console
 
         console = Console(stderr=True)
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn)
-    from tvm.s_tir import meta_schedule as ms
-
     from .. import stage
     from ..files import sha256_file
+    from ..front import options_differ
+    from .seed import seed_defaults
 
     stage.enter("tuning", str(opts.model))
     from ..targets.registry import get_target
@@ -228,8 +318,13 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     target = hw.to_tvm()
     folder = Path(opts.db)
     notes: list = []
+    popts: dict = {}
+    manifest = read_manifest(folder)
+    check_target(folder, manifest, hw)  # before the model's front half, which takes a while
+    check_tvm_version(folder, manifest)
     mod, imported, choices = fused_module(opts.model, opts.shapes, hw, opts.weight_prepack,
-                                          opts.dispatch, notes)
+                                          opts.dispatch, notes, opts.precision,
+                                          _existing_records(folder, hw), popts)
     for note in notes:
         console.print(f"note: {note}")
     on_library = [c for c in choices if c.choice == "library"]
@@ -264,59 +359,206 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
         check_record_targets(folder, db.get_all_tuning_records(), target)
         before = len(db.get_all_tuning_records())
         result = TuneResult(folder, [], trials_before=before, sanitized=sanitized)
-        remaining = max(0, opts.trials - before)
+        if manifest is not None:
+            result.option_changes = options_differ(manifest.get("pipeline"), popts)
+            if result.option_changes:
+                console.print(f"note: {folder} was tuned under other pipeline options ("
+                              f"{'; '.join(result.option_changes)}): records of unchanged "
+                              "kernels still apply")
+        defaults = _current_defaults(manifest, popts["fingerprint"])
         if opts.missing_only:
             tasks = [t for t, r in zip(tasks, summarize(db, tasks)) if r.best_s is None]
-            remaining = remaining if tasks else 0
-        _write_manifest(folder, hw, target, opts, sha256_file(opts.model), before)
-        if remaining > 0:
-            load_target_intrinsics(target)  # before TuneContext, so it skips the full import
-            per_round = opts.trials_per_round or max(4, min(64, remaining // (2 * len(tasks)) or 4))
-            cores = int(hw.tvm_dict().get("num-cores", 1))
-            progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                                transient=False)
-            # Ctrl-C is owned by CtrlC from here on (see tuning/interrupt.py): it must be entered
-            # before the builder and runner exist, so their worker processes inherit the
-            # blocked SIGINT and a terminal's Ctrl-C does not kill a batch in flight.
-            with CtrlC(db_dir=folder, console=console) as ctrl_c, progress:
-                bar = progress.add_task("tuning", total=remaining)
-                contexts, weights = _tune_contexts(tasks, target, hw, folder, opts.seed,
-                                                   opts.population)
-                callbacks = [*ms.measure_callback.MeasureCallback.create("default"),
-                             _progress_callback(progress, bar, result),
-                             ctrl_c.measure_callback()]
-                ctrl_c.scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
-                runner = make_runner(opts.rpc_tracker, opts.rpc_key,
-                                     workers=2 if opts.rpc_tracker else 1)
-                try:
-                    ctrl_c.checkpoint()  # a Ctrl-C while the contexts were made
-                    ms.tune.tune_tasks(
-                        tasks=contexts, task_weights=weights, work_dir=str(folder),
-                        max_trials_global=remaining,
-                        max_trials_per_task=opts.max_trials_per_task or remaining,
-                        num_trials_per_iter=per_round,
-                        builder=ctrl_c.builder(make_builder(workers=1)),
-                        runner=runner,
-                        database=db,
-                        cost_model=ctrl_c.cost_model(ms.cost_model.XGBModel(
-                            num_tuning_cores=cores, tree_method="auto")),
-                        measure_callbacks=callbacks, task_scheduler=ctrl_c.scheduler)
-                except Exception as err:
-                    # Our StopTuning comes back as a TVM error (it crossed the FFI).
-                    if not ctrl_c.is_stop_error(err):
-                        raise
-                finally:
-                    # Shut the runner's worker pool down here, not in a __del__ at exit.
-                    if getattr(runner, "pool", None) is not None:
-                        runner.pool.shutdown()
-                result.interrupted = ctrl_c.requested
+        remaining = None if opts.trials is None else max(0, opts.trials - before)
+        if not tasks:
+            remaining = 0
+        result.budget_trials = remaining
+        result.budget_s = opts.minutes * 60 if opts.minutes is not None and tasks else None
+        _write_manifest(folder, hw, target, opts, sha256_file(opts.model), before, popts,
+                        defaults, choices)
+        runner = make_runner(opts.rpc_tracker, opts.rpc_key,
+                             workers=2 if opts.rpc_tracker else 1) if tasks else None
+        try:
+            if tasks:
+                load_target_intrinsics(target)  # before TuneContext, so it skips the full import
+            # The default schedule of each task not yet measured under this pipeline code, and
+            # of each kernel oneDNN takes here (standby: a compile on another machine, or with
+            # other timings, may keep it on codegen, and then finds its record too).
+            standby = _standby_tasks(opts, hw, target, tasks, on_library)
+            if standby:
+                console.print(f"{len(standby)} standby task(s): kernels on oneDNN here, "
+                              "recorded with their default schedule in case a compile keeps "
+                              "them on codegen")
+            unseeded = [t for t in [*tasks, *standby] if _task_key(t) not in defaults]
+            if unseeded and not opts.rpc_tracker:
+                console.print(f"measuring the default schedule of {len(unseeded)} task(s) first")
+                result.seeds = seed_defaults(unseeded, db, hw, target,
+                                             make_builder(workers=1), runner)
+                for t, sd in zip(unseeded, result.seeds):
+                    defaults[_task_key(t)] = sd.to_json()
+                result.standby = len(standby)
+                _write_manifest(folder, hw, target, opts, sha256_file(opts.model),
+                                len(db.get_all_tuning_records()), popts, defaults, choices)
+            if remaining is None or remaining > 0:
+                _search(opts, tasks, target, hw, folder, db, runner, remaining, result, console)
+            else:
+                result.stopped_by = "trials"
+        finally:
+            # Shut the runner's worker pool down here, not in a __del__ at exit.
+            if getattr(runner, "pool", None) is not None:
+                runner.pool.shutdown()
         after = len(db.get_all_tuning_records())
-        result.trials_run = after - before  # records this run added (exact after a Ctrl-C too)
-        _write_manifest(folder, hw, target, opts, sha256_file(opts.model), after)
-        result.tasks = summarize(db, tasks)
+        result.trials_run = after - before - sum(1 for sd in result.seeds if sd.committed)
+        _write_manifest(folder, hw, target, opts, sha256_file(opts.model), after, popts,
+                        defaults, choices)
+        per_task = result.tasks  # the statuses _search set, by name
+        result.tasks = summarize(db, tasks, defaults)
+        for t in result.tasks:
+            prev = next((p for p in per_task if p.name == t.name), None)
+            if prev is not None:
+                t.trials_run, t.status = prev.trials_run, prev.status
     result.wall_s = time.perf_counter() - t0
     return result
+
+
+def _search(opts, tasks, target, hw, folder, db, runner, remaining, result, console):
+    """MetaSchedule's search over `tasks` until the trial or time budget is spent, every task's
+    space is exhausted, or Ctrl-C; fills result.tasks with what each task got and why."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+    from tvm.s_tir import meta_schedule as ms
+
+    cores = int(hw.tvm_dict().get("num-cores", 1))
+    budget = remaining if remaining is not None else 10**9  # minutes alone: open trial count
+    if opts.trials_per_round:
+        per_round = opts.trials_per_round
+    elif remaining is None:
+        per_round = _PER_ROUND_TIMED
+    else:
+        per_round = max(4, min(64, remaining // (2 * len(tasks)) or 4))
+    cap = opts.max_trials_per_task or budget
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=False)
+    per_task: dict[int, list] = {}
+    t_start = time.monotonic()
+    # Ctrl-C is owned by CtrlC from here on (see tuning/interrupt.py): it must be entered
+    # before the builder and runner workers start, so they inherit the blocked SIGINT and a
+    # terminal's Ctrl-C does not kill a batch in flight. Its safe points also end the run when
+    # the time budget is spent.
+    with CtrlC(db_dir=folder, console=console) as ctrl_c, progress:
+        if opts.minutes is not None:
+            ctrl_c.deadline = t_start + opts.minutes * 60
+        bar = progress.add_task("tuning", total=remaining)
+        contexts, weights = _tune_contexts(tasks, target, hw, folder, opts.seed, opts.population)
+        callbacks = [*ms.measure_callback.MeasureCallback.create("default"),
+                     _progress_callback(progress, bar, result, per_task),
+                     ctrl_c.measure_callback()]
+        # Gradient: each round goes to the task whose next trials are expected to cut the
+        # model's latency most (its weight x latency and recent improvement).
+        ctrl_c.scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
+        try:
+            ctrl_c.checkpoint()  # a Ctrl-C while the contexts were made
+            ms.tune.tune_tasks(
+                tasks=contexts, task_weights=weights, work_dir=str(folder),
+                max_trials_global=budget, max_trials_per_task=cap,
+                num_trials_per_iter=per_round,
+                builder=ctrl_c.builder(make_builder(workers=1)),
+                runner=runner, database=db,
+                cost_model=ctrl_c.cost_model(ms.cost_model.XGBModel(
+                    num_tuning_cores=cores, tree_method="auto")),
+                measure_callbacks=callbacks, task_scheduler=ctrl_c.scheduler)
+        except Exception as err:
+            # Our StopTuning comes back as a TVM error (it crossed the FFI).
+            if not ctrl_c.is_stop_error(err):
+                raise
+        result.interrupted = ctrl_c.requested
+        timed_out = ctrl_c.stopped and not ctrl_c.requested  # StopTuning at the deadline
+    result.search_s = time.monotonic() - t_start
+    spent = sum(v[0] for v in per_task.values())
+    if result.interrupted:
+        result.stopped_by = "Ctrl-C"
+    elif timed_out:
+        result.stopped_by = "time"
+    elif spent >= budget:
+        result.stopped_by = "trials"
+    else:
+        result.stopped_by = "exhausted"
+    out = []
+    for i, task in enumerate(tasks):
+        n, bfail, rfail, err = per_task.get(i, [0, 0, 0, ""])
+        status = ""
+        # Every task is terminated once tune_tasks returns: only a run that ended before its
+        # budget says the tasks' own searches ended it.
+        if result.stopped_by == "exhausted" or (n and bfail + rfail == n):
+            status = _why_ended(task, folder, n, bfail, rfail, err, cap)
+        elif n == 0 and result.stopped_by in ("trials", "time"):
+            status = "no trials: the budget was spent before the task scheduler reached it"
+        out.append(TaskResult(task.name, task.weight, task.flops, 0, None, trials_run=n,
+                              status=status))
+    result.tasks = out
+
+
+def _why_ended(task, folder: Path, n: int, bfail: int, rfail: int, err: str, cap: int) -> str:
+    """Why a task's search ended before its budget, from its counts and its log."""
+    from ..errors import error_line
+
+    if n >= cap:
+        return f"reached --max-trials-per-task {cap}"
+    if n and bfail == n:
+        return f"every candidate failed to build: {error_line(err, default='?')[:160]}"
+    if n and rfail + bfail == n:
+        return f"every candidate failed to run: {error_line(err, default='?')[:160]}"
+    hint = _log_hint(folder, task.name)
+    if n == 0:
+        return "the search produced no candidate" + (f" ({hint})" if hint else "")
+    return (f"design space exhausted after {n} trial(s): the search found no unmeasured "
+            "candidate" + (f" ({hint})" if hint else ""))
+
+
+def _log_hint(folder: Path, task_name: str) -> str:
+    """The last failure summary MetaSchedule logged for the task (e.g. postprocs rejecting
+    every sample), or ''."""
+    logs = sorted((folder / "logs").glob(f"*{task_name}*.log")) if (folder / "logs").is_dir() \
+        else []
+    for log in logs[-1:]:
+        lines = log.read_text(errors="replace").splitlines()
+        for ln in reversed(lines):
+            low = ln.lower()
+            if "failure" in low and not low.rstrip().endswith(": 0 failure(s)"):
+                return ln.split("]", 1)[-1].strip()[:160]
+    return ""
+
+
+def _standby_tasks(opts, hw, target, tasks, on_library) -> list[Task]:
+    """The tasks of the all-codegen front half that the tuned module does not have: the
+    kernels handed to oneDNN here, as codegen would run them."""
+    import tvm_ffi
+
+    if not on_library or opts.missing_only:
+        return []
+    mod, _, _ = fused_module(opts.model, opts.shapes, hw, opts.weight_prepack, "codegen",
+                             precision=opts.precision)
+    have = {_task_key(t) for t in tasks}
+    out = []
+    for t in extract_tasks(mod, target):
+        if _task_key(t) not in have and not any(tvm_ffi.structural_equal(t.mod, u.mod)
+                                                for u in out):
+            out.append(t)
+    return out
+
+
+def _task_key(task: Task) -> str:
+    import tvm_ffi
+
+    return str(tvm_ffi.structural_hash(task.mod))
+
+
+def _current_defaults(manifest: dict | None, fingerprint: str) -> dict:
+    """The manifest's measured default schedules, if measured under this pipeline code (a
+    change there may change a task's default schedule, which is then measured again)."""
+    m = manifest or {}
+    if m.get("defaults_fingerprint") != fingerprint:
+        return {}
+    return dict(m.get("defaults") or {})
 
 
 def _tune_contexts(tasks: list[Task], target, hw, folder: Path, seed, population: int = 512):
@@ -348,7 +590,8 @@ def _tune_contexts(tasks: list[Task], target, hw, folder: Path, seed, population
     return contexts, weights
 
 
-def _write_manifest(folder: Path, hw, target, opts: TuneOptions, model_sha: str, records: int):
+def _write_manifest(folder: Path, hw, target, opts: TuneOptions, model_sha: str, records: int,
+                    popts: dict, defaults: dict, choices):
     import tvm
 
     from ..targets.registry import target_json
@@ -363,10 +606,19 @@ def _write_manifest(folder: Path, hw, target, opts: TuneOptions, model_sha: str,
         "shapes": {k: list(v) for k, v in opts.shapes.items()},
         "trials": records,
         "trial_budget": opts.trials,
+        "minutes": opts.minutes,
         "weight_prepack": opts.weight_prepack,
         "dispatch": opts.dispatch,
+        # The options of the module the tasks came from, and the code that built it
+        # (tvmopt.front): compile compares them with its own.
+        "pipeline": popts,
+        "library_kernels": sorted({c.kernel for c in choices if c.choice == "library"}),
         "search": {"strategy": "evolutionary", "population": opts.population,
-                   "cost_model": "xgb", "task_scheduler": "gradient"},
+                   "cost_model": "xgb", "task_scheduler": "gradient",
+                   "initial": "default schedules (tuning/seed.py)"},
+        # Each task's default schedule as measured (workload hash -> seconds, how).
+        "defaults_fingerprint": popts.get("fingerprint"),
+        "defaults": defaults,
         "pruned_top_k": old.get("pruned_top_k"),
         "rpc": {"tracker": opts.rpc_tracker, "key": opts.rpc_key} if opts.rpc_tracker else None,
     }
