@@ -779,15 +779,18 @@ class RowReductionRule(_LLVMRule):
         lanes = params.lanes(str(sch.get(infos[-1].block_rv).writes[0].source.dtype))
         if not reductions or lanes < 2:
             return None
+        rows = len(kinds[-1]) - 1  # the output's axes but the last: one row each
+        if rows < 1:
+            return None
         for b, k in zip(infos, kinds):
             if b.is_injective():
                 continue
             ext = _extent(sch, sch.get_loops(b.block_rv)[-1])
-            # One reduction axis, innermost, a whole number of vectors (at least two).
-            if k.count("R") != 1 or not k.endswith("R") or ext is None or ext % lanes \
-                    or ext < 2 * lanes:
+            # A row's reduction: the output's leading axes, then one reduction axis (a matmul
+            # keeps every output axis and reduces another), a whole number of vectors long
+            # (at least two).
+            if k != "S" * rows + "R" or ext is None or ext % lanes or ext < 2 * lanes:
                 return None
-        leading = min(len(k) - len(k.lstrip("S")) for k in kinds)
         partials = set()
         for b in reductions:
             loops = sch.get_loops(b.block_rv)
@@ -795,11 +798,11 @@ class RowReductionRule(_LLVMRule):
             partials.add(sch.get(sch.rfactor(lane, factor_axis=len(loops) - 1)).name_hint)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
         loops = sch.get_loops(blocks[-1])
-        rows = sch.fuse(*loops[:leading]) if leading > 1 else loops[0]
-        sch.parallel(rows)
+        row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
+        sch.parallel(row)
         _vectorize_tail(sch, blocks[-1], lanes)
         for block in reversed(blocks[:-1]):
-            sch.compute_at(block, rows, preserve_unit_loops=True)
+            sch.compute_at(block, row, preserve_unit_loops=True)
         for block in blocks[:-1]:
             if sch.get(block).name_hint in partials:
                 # Under the row loop: [lane, unit loops..., chunk]. The chunk loop goes
