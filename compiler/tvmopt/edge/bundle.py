@@ -261,6 +261,12 @@ def compile_bundle(opts, out: str | Path | None = None, log=print):
     hw = get_target(opts.target)
     bundle_toolchain(hw)  # a missing package fails now, not after the build
     verify, opts.verify = opts.verify, False  # the bundle is verified, not the host artifact
+    if opts.dispatch != "codegen":
+        # The runner loads the model with the TVM runtime alone: a oneDNN call (which a
+        # symbolic-shape dense layer gets too) would find no extension on the board.
+        log("note: a bundle runs without Python or the oneDNN extension: every kernel is a "
+            "default schedule (--dispatch codegen)")
+        opts.dispatch = "codegen"
     if verify and run_prefix(hw.arch) is None:
         raise BuildError(f"--verify runs the {hw.arch} bundle here; this host "
                          f"{missing_for_emulation(hw.arch)}")

@@ -127,10 +127,12 @@ def channels_last(kernel_layout: str = "HWIO") -> list:
     Only modules with a conv2d (or a conv1d, made one first) change. ConvertLayout refuses some graphs (a match_cast of a
     data-dependent shape: "exactly one of the layouts is unknown"); those keep their layout.
     """
-    # conv2d_transpose is pinned to NCHW: it would otherwise follow its NHWC producer, and
-    # TVM's legalizer lowers only NCHW/IOHW, leaving an op the VM codegen cannot emit.
+    # conv2d_transpose / conv1d_transpose are pinned to NCHW / NCW: they would otherwise follow
+    # their NHWC producer (a conv1d is a conv2d of height 1 here), and TVM's legalizer lowers
+    # only NCHW/IOHW and NCW/IOW, leaving an op the VM codegen cannot emit.
     desired = {"relax.nn.conv2d": ["NHWC", kernel_layout],
-               "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
+               "relax.nn.conv2d_transpose": ["NCHW", "IOHW"],
+               "relax.nn.conv1d_transpose": ["NCW", "IOW"]}
     convert = tvm.ir.transform.Sequential([
         LiftClip, SpellQDQ, Conv1dAsConv2d, relax.transform.ConvertLayout(desired),
         relax.transform.Normalize(), relax.transform.FoldConstant(), FoldQDQ])

@@ -1,4 +1,4 @@
-"""Vectorizable forms of exp, erf, tanh, softmax and sigmoid, chosen at legalization.
+"""Vectorizable forms of exp, erf, tanh, softmax, sigmoid and GELU, chosen at legalization.
 
 Legalized, these ops call scalar libm (expf, erff) per element, which LLVM cannot vectorize:
 8192 floats on one core took erf 192 us vs fast_erf 2.5 us, exp 17 us vs fast_exp 2.6 us.
@@ -29,6 +29,24 @@ def fast_sigmoid(x):
     return topi.divide(one, topi.add(one, topi.fast_exp(topi.negative(x))))
 
 
+def fast_gelu(x):
+    """x * 0.5 * (1 + erf(x / sqrt(2))) through fast_erf (GELU as one op: passes.gelu)."""
+    half = tvm.tirx.const(0.5, x.dtype)
+    one = tvm.tirx.const(1, x.dtype)
+    erf = topi.fast_erf(topi.multiply(x, tvm.tirx.const(0.7071067811865476, x.dtype)))
+    return topi.multiply(topi.multiply(x, half), topi.add(one, erf))
+
+
+def fast_gelu_tanh(x):
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) through fast_tanh."""
+    half = tvm.tirx.const(0.5, x.dtype)
+    one = tvm.tirx.const(1, x.dtype)
+    cube = topi.multiply(topi.multiply(x, x), x)
+    inner = topi.add(x, topi.multiply(cube, tvm.tirx.const(0.044715, x.dtype)))
+    t = topi.fast_tanh(topi.multiply(inner, tvm.tirx.const(0.7978845608028654, x.dtype)))
+    return topi.multiply(topi.multiply(x, half), topi.add(one, t))
+
+
 def _fast(op_name: str, te_func, *attr_names: str):
     """A legalization of `op_name` to `te_func` for float32, the op's own for other dtypes."""
     default = tvm.ir.Op.get(op_name).get_attr("FLegalize")
@@ -49,6 +67,8 @@ def fast_legalize_map() -> dict:
             "relax.erf": _fast("relax.erf", topi.fast_erf),
             "relax.tanh": _fast("relax.tanh", topi.fast_tanh),
             "relax.sigmoid": _fast("relax.sigmoid", fast_sigmoid),
+            "relax.nn.gelu": _fast("relax.nn.gelu", fast_gelu),
+            "relax.nn.gelu_tanh": _fast("relax.nn.gelu_tanh", fast_gelu_tanh),
             "relax.nn.softmax": _fast("relax.nn.softmax", topi.nn.fast_softmax, "axis")}
 
 
