@@ -375,37 +375,38 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
         result.budget_s = opts.minutes * 60 if opts.minutes is not None and tasks else None
         _write_manifest(folder, hw, target, opts, sha256_file(opts.model), before, popts,
                         defaults, choices)
-        runner = make_runner(opts.rpc_tracker, opts.rpc_key,
-                             workers=2 if opts.rpc_tracker else 1) if tasks else None
-        try:
-            if tasks:
-                load_target_intrinsics(target)  # before TuneContext, so it skips the full import
-            # The default schedule of each task not yet measured under this pipeline code, and
-            # of each kernel oneDNN takes here (standby: a compile on another machine, or with
-            # other timings, may keep it on codegen, and then finds its record too).
-            standby = _standby_tasks(opts, hw, target, tasks, on_library)
-            if standby:
-                console.print(f"{len(standby)} standby task(s): kernels on oneDNN here, "
-                              "recorded with their default schedule in case a compile keeps "
-                              "them on codegen")
-            unseeded = [t for t in [*tasks, *standby] if _task_key(t) not in defaults]
-            if unseeded and not opts.rpc_tracker:
-                console.print(f"measuring the default schedule of {len(unseeded)} task(s) first")
+        if tasks:
+            load_target_intrinsics(target)  # before TuneContext, so it skips the full import
+        # The default schedule of each task not yet measured under this pipeline code, and
+        # of each kernel oneDNN takes here (standby: a compile on another machine, or with
+        # other timings, may keep it on codegen, and then finds its record too).
+        standby = _standby_tasks(opts, hw, target, tasks, on_library)
+        if standby:
+            console.print(f"{len(standby)} standby task(s): kernels on oneDNN here, "
+                          "recorded with their default schedule in case a compile keeps "
+                          "them on codegen")
+        unseeded = [t for t in [*tasks, *standby] if _task_key(t) not in defaults]
+        if unseeded and not opts.rpc_tracker:
+            console.print(f"measuring the default schedule of {len(unseeded)} task(s) first")
+            # A runner of its own: the search's runner must start its workers inside
+            # CtrlC (see _search), so they inherit the blocked SIGINT and a Ctrl-C does not
+            # kill the batch in flight; workers started here would not have.
+            seed_runner = make_runner(None, None, workers=1)
+            try:
                 result.seeds = seed_defaults(unseeded, db, hw, target,
-                                             make_builder(workers=1), runner)
-                for t, sd in zip(unseeded, result.seeds):
-                    defaults[_task_key(t)] = sd.to_json()
-                result.standby = len(standby)
-                _write_manifest(folder, hw, target, opts, sha256_file(opts.model),
-                                len(db.get_all_tuning_records()), popts, defaults, choices)
-            if remaining is None or remaining > 0:
-                _search(opts, tasks, target, hw, folder, db, runner, remaining, result, console)
-            else:
-                result.stopped_by = "trials"
-        finally:
-            # Shut the runner's worker pool down here, not in a __del__ at exit.
-            if getattr(runner, "pool", None) is not None:
-                runner.pool.shutdown()
+                                             make_builder(workers=1), seed_runner)
+            finally:
+                if getattr(seed_runner, "pool", None) is not None:
+                    seed_runner.pool.shutdown()
+            for t, sd in zip(unseeded, result.seeds):
+                defaults[_task_key(t)] = sd.to_json()
+            result.standby = len(standby)
+            _write_manifest(folder, hw, target, opts, sha256_file(opts.model),
+                            len(db.get_all_tuning_records()), popts, defaults, choices)
+        if remaining is None or remaining > 0:
+            _search(opts, tasks, target, hw, folder, db, remaining, result, console)
+        else:
+            result.stopped_by = "trials"
         after = len(db.get_all_tuning_records())
         result.trials_run = after - before - sum(1 for sd in result.seeds if sd.committed)
         _write_manifest(folder, hw, target, opts, sha256_file(opts.model), after, popts,
@@ -420,7 +421,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     return result
 
 
-def _search(opts, tasks, target, hw, folder, db, runner, remaining, result, console):
+def _search(opts, tasks, target, hw, folder, db, remaining, result, console):
     """MetaSchedule's search over `tasks` until the trial or time budget is spent, every task's
     space is exhausted, or Ctrl-C; fills result.tasks with what each task got and why."""
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
@@ -455,6 +456,8 @@ def _search(opts, tasks, target, hw, folder, db, runner, remaining, result, cons
         # Gradient: each round goes to the task whose next trials are expected to cut the
         # model's latency most (its weight x latency and recent improvement).
         ctrl_c.scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
+        runner = make_runner(opts.rpc_tracker, opts.rpc_key,
+                             workers=2 if opts.rpc_tracker else 1)
         try:
             ctrl_c.checkpoint()  # a Ctrl-C while the contexts were made
             ms.tune.tune_tasks(
@@ -470,6 +473,10 @@ def _search(opts, tasks, target, hw, folder, db, runner, remaining, result, cons
             # Our StopTuning comes back as a TVM error (it crossed the FFI).
             if not ctrl_c.is_stop_error(err):
                 raise
+        finally:
+            # Shut the runner's worker pool down here, not in a __del__ at exit.
+            if getattr(runner, "pool", None) is not None:
+                runner.pool.shutdown()
         result.interrupted = ctrl_c.requested
         timed_out = ctrl_c.stopped and not ctrl_c.requested  # StopTuning at the deadline
     result.search_s = time.monotonic() - t_start
