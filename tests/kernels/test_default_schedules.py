@@ -413,3 +413,29 @@ def test_row_reductions_accumulate_a_vector_of_partial_sums(kind):
     rows = [f.script() for f in scheduled.functions.values()
             if isinstance(f, tvm.tirx.PrimFunc) and "T.axis.reduce" in f.script()]
     assert rows and all("_rf" in t and "T.vectorized" in t for t in rows), rows
+
+
+def test_a_ragged_softmax_row_is_padded_to_whole_vectors_and_stays_exact():
+    """A softmax over 197 tokens (ViT's row, not a whole number of vectors) still sums in
+    vector partials (its row is padded with -inf inside the kernel), and matches the exact
+    softmax, including masked (-inf) entries, a fully masked row (NaN, as onnxruntime gives)
+    and large magnitudes."""
+    import tvm
+
+    from tvmopt import pipeline
+
+    model = row_reduction_case("softmax", (2, 5, 197))
+    x = (RNG.standard_normal((2, 5, 197)) * 30).astype("float32")
+    x[0, 0, :] = -np.inf
+    x[0, 1, 5:] = -np.inf
+    x[1, 2, :] = np.finfo(np.float32).min
+    got, scheduled = _run(model, {"x": x}, pipeline.PipelineConfig(dispatch="codegen"))
+    rows = [f.script() for f in scheduled.functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc) and "T.axis.reduce" in f.script()]
+    assert rows and all("_rf" in t and "T.vectorized" in t for t in rows), rows
+    e = np.exp(x - x.max(-1, keepdims=True))
+    with np.errstate(invalid="ignore"):
+        ref = e / e.sum(-1, keepdims=True)
+    assert (np.isnan(got) == np.isnan(ref)).all()
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=1e-5, atol=1e-6)

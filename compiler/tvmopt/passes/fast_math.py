@@ -20,7 +20,7 @@ shapes as their neighbours, static or symbolic.
 from __future__ import annotations
 
 import tvm
-from tvm import relax, topi
+from tvm import relax, te, topi
 
 
 def fast_sigmoid(x):
@@ -47,6 +47,33 @@ def fast_gelu_tanh(x):
     return topi.multiply(topi.multiply(x, half), topi.add(one, t))
 
 
+# Rows are padded to a whole number of this many floats: the widest float32 vector (AVX-512),
+# so narrower ones divide it too.
+_ROW_QUANTUM = 16
+
+
+def fast_softmax(x, axis: int):
+    """topi's fast_softmax, over a row padded to whole vectors when the row is ragged.
+
+    The CPU schedules sum a row as vectors of partial sums, which needs a row length that is a
+    whole number of vectors (ViT's 197 tokens, most real sequence lengths are not); otherwise
+    the row's exp and sums run one element at a time. The padding is -inf, which changes
+    neither the maximum nor (exp of -inf is 0) the sum, and leaves a row of all -inf NaN as the
+    exact op makes it; the padded columns are dropped at the end.
+    """
+    nd = len(x.shape)
+    axis = axis % nd
+    n = x.shape[axis]
+    if (axis != nd - 1 or not isinstance(n, tvm.tirx.IntImm) or n.value % _ROW_QUANTUM == 0
+            or n.value < 2 * _ROW_QUANTUM):
+        return topi.nn.fast_softmax(x, axis)
+    extra = -n.value % _ROW_QUANTUM
+    padded = topi.nn.pad(x, [0] * nd, [0] * (nd - 1) + [extra],
+                         pad_value=tvm.tirx.const(float("-inf"), x.dtype), name="T_softmax_pad")
+    y = topi.nn.fast_softmax(padded, axis)
+    return te.compute(x.shape, lambda *i: y(*i), name="T_softmax_unpad")
+
+
 def _fast(op_name: str, te_func, *attr_names: str):
     """A legalization of `op_name` to `te_func` for float32, the op's own for other dtypes."""
     default = tvm.ir.Op.get(op_name).get_attr("FLegalize")
@@ -69,7 +96,7 @@ def fast_legalize_map() -> dict:
             "relax.sigmoid": _fast("relax.sigmoid", fast_sigmoid),
             "relax.nn.gelu": _fast("relax.nn.gelu", fast_gelu),
             "relax.nn.gelu_tanh": _fast("relax.nn.gelu_tanh", fast_gelu_tanh),
-            "relax.nn.softmax": _fast("relax.nn.softmax", topi.nn.fast_softmax, "axis")}
+            "relax.nn.softmax": _fast("relax.nn.softmax", fast_softmax, "axis")}
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvmopt.FastMath")
