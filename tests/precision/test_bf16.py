@@ -120,6 +120,69 @@ def test_bf16_library_kernels_match_onnxruntime_to_bf16_precision(tmp_path):
     assert 1e-5 < errors["bf16"] < 2e-2, errors
 
 
+def test_bf16_activations_pass_between_library_kernels_unconverted():
+    """Between two bf16 library calls the activation travels as bf16: the producer call writes
+    bf16 and the consumer reads it, with no fp32 copy or conversion kernel between. A call
+    whose output reaches a TIR kernel or the model's output still writes fp32, and a norm
+    feeding a bf16 matmul writes its output as bf16 itself (the conversion fused into it)."""
+    needs_bf16_host()
+    import onnxruntime as ort
+    import tvm
+    from onnx import helper
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.interface.gate import relative_error
+    from tvmopt.kernels import onednn as od
+    from tvmopt.runtime.in_memory import host_target
+
+    from ..kernels.test_onednn import make_model
+
+    rng = np.random.default_rng(1)
+    inits = {f"w{i}": rng.standard_normal((16, 16, 3, 3)).astype("float32") * 0.1
+             for i in (1, 2, 3)}
+    inits.update(g=np.ones(16, "float32"), b=np.zeros(16, "float32"),
+                 w4=rng.standard_normal((16, 8)).astype("float32") * 0.2)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 4),
+             helper.make_node("Relu", ["c1"], ["a1"]),
+             helper.make_node("Conv", ["a1", "w2"], ["c2"], pads=[1] * 4),
+             helper.make_node("Relu", ["c2"], ["a2"]),
+             helper.make_node("Add", ["a2", "a1"], ["r"]),  # a1 also the residual
+             helper.make_node("Conv", ["r", "w3"], ["c3"], pads=[1] * 4),
+             helper.make_node("Transpose", ["c3"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "g", "b"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "w4"], ["y"])]
+    model = make_model(nodes, [("x", [1, 16, 12, 12])], "y", inits)
+    x = rng.standard_normal((1, 16, 12, 12)).astype("float32")
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    target = host_target().to_tvm()
+    cfg = pipeline.PipelineConfig(dispatch="codegen")
+    front = pipeline.optimize(import_onnx(model).mod, target, cfg, until="layout")
+    mod = od.lower(od.partition(front), None, compute="bf16")
+    calls = [b.value for blk in mod["main"].body.blocks for b in blk.bindings
+             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.call_dps_packed"]
+    out_types = [str(c.ty.dtype) for c in calls]
+    # conv1 -> conv2 (and conv2's residual) -> conv3: bf16; conv3 -> transpose: fp32; the
+    # matmul is the model's output: fp32
+    assert out_types == ["bfloat16", "bfloat16", "float32", "float32"], out_types
+    casts = [b.value for blk in mod["main"].body.blocks for b in blk.bindings
+             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.astype"]
+    assert len(casts) == 2  # the graph input into conv1, the norm's output into the matmul
+    built = pipeline.optimize(mod, target, cfg, start_after="dispatch")
+    norm = [f.script() for f in built.functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc) and "T.axis.reduce" in f.script()]
+    assert norm and all('"bfloat16"' in t for t in norm), norm
+    ex = pipeline.build(mod, target, cfg, start_after="dispatch")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for _ in range(2):
+        out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    assert out.dtype == np.float32
+    err = relative_error({"y": out}, {"y": ref})[0]
+    assert 1e-5 < err < 3e-2, err
+
+
 def _compile(model, out, **kw):
     from tvmopt.interface.compile import CompileOptions, compile_model
 

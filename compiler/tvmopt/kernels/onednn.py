@@ -922,10 +922,23 @@ class _Lower(relax.PyExprMutator):
     def _resolve(env, e):
         return env.get(e, e)
 
+    def _bf16(self, x, compute):
+        """A bf16 call's activation operand, converted by an astype before the call.
+
+        The fusion phase folds the astype into the TIR kernel that produces x (a norm, a
+        transpose, a pool), which then writes bf16, half the bytes, instead of the call
+        converting x on every run; between two library calls `_bf16_outputs` makes the
+        producing call write bf16 directly. An fp32 call, or x already bf16, is unchanged.
+        """
+        if compute != COMPUTE["bf16"] or str(getattr(x.ty, "dtype", "")) != "float32":
+            return x
+        return self.builder_.emit(relax.op.astype(x, "bfloat16"))
+
     def _conv(self, env, ops, call, compute):
         (conv_var, conv), rest = ops[0], ops[1:]
         a = conv.attrs
-        args = [self._resolve(env, conv.args[0]), self._resolve(env, conv.args[1])]
+        args = [self._bf16(self._resolve(env, conv.args[0]), compute),
+                self._resolve(env, conv.args[1])]
         bias = residual = None
         act, lo, hi, post = ACT_NONE, -np.inf, np.inf, ACT_NONE
         chain = conv_var
@@ -966,7 +979,7 @@ class _Lower(relax.PyExprMutator):
         if bias is not None:
             args.append(bias)
         if residual is not None:
-            args.append(residual)
+            args.append(self._bf16(residual, compute))
         pad = [int(p) for p in a.padding]
         attrs = [int(a.strides[0]), int(a.strides[1]), pad[0], pad[1], pad[2], pad[3],
                  int(a.dilation[0]), int(a.dilation[1]), int(a.groups),
@@ -1075,7 +1088,8 @@ class _Lower(relax.PyExprMutator):
 
     def _matmul(self, env, ops, call, compute):
         (mm_var, mm), rest = ops[0], ops[1:]
-        args = [self._resolve(env, mm.args[0]), self._resolve(env, mm.args[1])]
+        args = [self._bf16(self._resolve(env, mm.args[0]), compute),
+                self._resolve(env, mm.args[1])]
         bias = None
         act = ACT_NONE
         chain = mm_var
@@ -1109,7 +1123,97 @@ class _Lower(relax.PyExprMutator):
                 c = float(_const_array(self._resolve(env, val.args[1])).reshape(-1)[0])
                 scale = 1.0 / c if name == "relax.divide" else c
         attrs = relax.ShapeExpr([trans, _f32_bits(scale), compute])
-        return relax.call_dps_packed(BMM_FUNC, [a, b, attrs], call.ty)
+        return relax.call_dps_packed(
+            BMM_FUNC, [self._bf16(a, compute), self._bf16(b, compute), attrs], call.ty)
+
+
+_BF16_OUT_FUNCS = (CONV_FUNC, MATMUL_FUNC, BMM_FUNC)
+
+
+def _is_bf16_astype(e, var) -> bool:
+    return (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)
+            and e.op.name == "relax.astype" and str(e.attrs.dtype) == "bfloat16"
+            and e.args[0].same_as(var))
+
+
+@relax.expr_functor.mutator
+class _Bf16Outputs(relax.PyExprMutator):
+    """A library call whose every use is an astype to bf16 (the next bf16 calls' operands)
+    writes bf16 itself, so nothing converts between two bf16 library kernels (oneDNN rounds
+    the fp32 accumulator to bf16 as it stores, after bias, activation and residual)."""
+
+    def __init__(self, mod, narrowed):
+        super().__init__(mod)
+        self.narrowed = narrowed  # vars of the calls to narrow
+        self.casts = {}  # astype var -> the narrowed call's var it becomes
+
+    def visit_var_binding_(self, binding):
+        value = binding.value
+        if binding.var in self.narrowed:
+            new = self.visit_expr(value)
+            ty = new.ty
+            call = relax.call_dps_packed(value.args[0], list(new.args[1].fields),
+                                         relax.TensorType(ty.shape, "bfloat16"))
+            var = self.builder_.emit(call, binding.var.name)
+            self.set_var_remap(binding.var, var)
+            return
+        if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and value.op.name == "relax.astype" and value.args[0] in self.narrowed):
+            self.set_var_remap(binding.var, self.visit_expr(value.args[0]))
+            return
+        super().visit_var_binding_(binding)
+
+
+def _compute_of(call) -> int | None:
+    """The compute precision entry (the last attr) of a conv2d / matmul / batch_matmul call."""
+    attrs = call.args[1].fields[-1]
+    if not isinstance(attrs, relax.ShapeExpr) or not attrs.values:
+        return None
+    last = attrs.values[-1]
+    return int(last.value) if isinstance(last, tvm.tirx.IntImm) else None
+
+
+def _bf16_outputs(mod: tvm.IRModule) -> tvm.IRModule:
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, relax.Function):
+            continue
+        calls, uses = {}, {}
+
+        def visit(e):
+            if isinstance(e, relax.VarBinding):
+                v = e.value
+                if (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
+                        and v.op.name == "relax.call_dps_packed"
+                        and str(v.args[0].global_symbol) in _BF16_OUT_FUNCS
+                        and str(getattr(v.ty, "dtype", "")) == "float32"
+                        and _compute_of(v) == COMPUTE["bf16"]):
+                    calls[e.var] = v
+
+        aliased = set()
+        for block in func.body.blocks if isinstance(func.body, relax.SeqExpr) else []:
+            for b in block.bindings:
+                visit(b)
+                if isinstance(b.value, relax.Var):  # `z = y` or a match_cast: a plain use
+                    aliased.add(b.value)
+
+        def count(e):
+            children = []
+            if isinstance(e, relax.Call):
+                children = list(e.args)
+            elif isinstance(e, relax.Tuple):
+                children = list(e.fields)
+            for a in children:
+                if isinstance(a, relax.Var) and a in calls:
+                    uses.setdefault(a, []).append(e)
+
+        relax.analysis.post_order_visit(func, count)
+        body = func.body.body if isinstance(func.body, relax.SeqExpr) else None
+        narrowed = {v for v in calls
+                    if uses.get(v) and all(_is_bf16_astype(u, v) for u in uses[v])
+                    and v not in aliased and not (isinstance(body, relax.Var) and body.same_as(v))}
+        if narrowed:
+            mod[gv] = _Bf16Outputs(mod, narrowed).visit_expr(func)
+    return mod
 
 
 def _use_counts(func) -> dict:
@@ -1274,6 +1378,7 @@ def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO,
             if back:
                 func = func.inline_functions(back)
             mod[gv] = lowered.visit_expr(func)
+    mod = _bf16_outputs(mod)
     if back:
         # Inlining binds each composite parameter to its argument (`param_2 = R.const(0.0)`):
         # propagated back into the ops, a kernel left to codegen is the very function the

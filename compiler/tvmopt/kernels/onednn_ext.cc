@@ -68,9 +68,10 @@ enum ConvAttr {
 };
 // Matmul attrs layout.
 enum MatmulAttr { kTransB, kMMHasBias, kMMAct, kMMCompute, kMMNumAttrs };
-// Compute precision (kConvCompute / kMMCompute). bf16: activations are converted to bf16 on
-// the way in and weights once, with fp32 accumulation and an fp32 output, so the caller's
-// tensors stay fp32 and the call is a drop-in for the fp32 one. Attrs written before this
+// Compute precision (kConvCompute / kMMCompute). bf16: weights are converted once, fp32
+// activations to bf16 on the way in, with fp32 accumulation. Activations (and outputs) may
+// also be bf16 tensors: the type is read from each tensor, so a graph hands a bf16 call bf16
+// activations where its producer can write them and keeps fp32 where not. Attrs written before this
 // entry existed (one entry shorter) mean fp32.
 enum Compute : int64_t { kComputeF32 = 0, kComputeBF16 = 1 };
 
@@ -255,6 +256,26 @@ void CheckF32Contig(const TensorView& t, const char* what) {
   TVM_FFI_ICHECK(t.device().device_type == kDLCPU) << what << " must be on CPU";
 }
 
+// An activation's type: float32, or bfloat16 where a bf16 call's neighbour hands it over (or
+// takes it) already converted, so no conversion runs between two bf16 library kernels.
+dt ActType(const TensorView& t, const char* what) {
+  TVM_FFI_ICHECK(t.dtype().lanes == 1 &&
+                 ((t.dtype().code == kDLFloat && t.dtype().bits == 32) ||
+                  (t.dtype().code == kDLBfloat && t.dtype().bits == 16)))
+      << what << " must be float32 or bfloat16, got " << tvm::ffi::DLDataTypeToString(t.dtype());
+  TVM_FFI_ICHECK(t.IsContiguous()) << what << " must be contiguous";
+  TVM_FFI_ICHECK(t.device().device_type == kDLCPU) << what << " must be on CPU";
+  return t.dtype().code == kDLBfloat ? dt::bf16 : dt::f32;
+}
+
+size_t TypeSize(dt type) { return type == dt::bf16 ? 2 : 4; }
+
+std::string TypesKey(std::initializer_list<dt> types) {
+  std::string k = "|";
+  for (dt t : types) k += std::to_string(static_cast<int>(t)) + ",";
+  return k;
+}
+
 tag PlainTag(int nd) {
   switch (nd) {
     case 2: return tag::ab;
@@ -324,7 +345,7 @@ std::string MakeKey(const char* op, const void* wptr, const std::vector<int64_t>
 
 struct ConvEntry {
   dnnl::convolution_forward prim;
-  memory::desc src_md, dst_md, user_src_md, user_dst_md;  // user_*: the caller's fp32 tensors
+  memory::desc src_md, dst_md, user_src_md, user_dst_md;  // user_*: the caller's tensors
   memory weights;
   std::vector<float> fingerprint;
   bool reorder_src = false, reorder_dst = false;
@@ -333,10 +354,10 @@ struct ConvEntry {
 
 struct MatmulEntry {
   dnnl::matmul prim;
-  memory::desc a_md, dst_md, user_a_md;  // user_a_md: the caller's fp32 a
+  memory::desc a_md, dst_md, user_a_md;  // user_a_md: the caller's a
   memory weights;
   std::vector<float> fingerprint;
-  bool convert_a = false;  // bf16 compute: a is converted into a_buf first
+  bool convert_a = false;  // bf16 compute on an fp32 a: a is converted into a_buf first
   memory a_buf;
 };
 
@@ -381,8 +402,8 @@ std::shared_ptr<ConvEntry> CreateConv(const TensorView& data, const TensorView& 
     wg_dims = {groups, w_dims[0] / groups, w_dims[1], w_dims[2], w_dims[3]};
     w_tag = hwio ? tag::hwigo : nhwc ? tag::gohwi : tag::goihw;
   }
-  e->user_src_md = memory::desc(src_dims, dt::f32, act_tag);
-  e->user_dst_md = memory::desc(dst_dims, dt::f32, act_tag);
+  e->user_src_md = memory::desc(src_dims, ActType(data, "data"), act_tag);
+  e->user_dst_md = memory::desc(dst_dims, ActType(out, "out"), act_tag);
   // layout 1 pins activations to the caller's layout (no reorders, but oneDNN may pick a
   // slower kernel);
   // layout 0 lets oneDNN choose and reorders activations in and out around the call.
@@ -392,7 +413,8 @@ std::shared_ptr<ConvEntry> CreateConv(const TensorView& data, const TensorView& 
   dt cdt = a[kConvCompute] == kComputeBF16 ? dt::bf16 : dt::f32;
   memory::desc src_any = plain ? memory::desc(src_dims, cdt, act_tag)
                                : memory::desc(src_dims, cdt, tag::any);
-  memory::desc dst_any = plain ? e->user_dst_md : memory::desc(dst_dims, dt::f32, tag::any);
+  memory::desc dst_any =
+      plain ? e->user_dst_md : memory::desc(dst_dims, e->user_dst_md.get_data_type(), tag::any);
   memory::desc w_any(wg_dims, cdt, tag::any);
   memory::desc b_md = has_bias ? memory::desc({dst_dims[1]}, dt::f32, tag::x) : memory::desc();
 
@@ -445,16 +467,16 @@ void Conv2d(PackedArgs args, tvm::ffi::Any* rv) {
   if (has_bias) bias = args[idx++].cast<TensorView>();
   if (has_res) residual = args[idx++].cast<TensorView>();
   TensorView out = args[n - 1].cast<TensorView>();
-  CheckF32Contig(data, "data");
+  dt data_t = ActType(data, "data"), out_t = ActType(out, "out");
   CheckF32Contig(weight, "weight");
-  CheckF32Contig(out, "out");
   TVM_FFI_ICHECK(data.ndim() == 4 && weight.ndim() == 4 && out.ndim() == 4) << "conv2d is 2-D";
 
   std::lock_guard<std::mutex> lock(g_mu);
   ApplyThreads();
   Runtime& rt = GetRuntime();
   const float* wptr = static_cast<const float*>(DataPtr(weight));
-  std::string key = MakeKey("conv", wptr, a, {Dims(data), Dims(weight), Dims(out)});
+  std::string key = MakeKey("conv", wptr, a, {Dims(data), Dims(weight), Dims(out)}) +
+                    TypesKey({data_t, out_t});
   std::shared_ptr<ConvEntry> e = Cached(&g_conv_cache, key, wptr, weight.numel(), [&] {
     return CreateConv(data, weight, out, a, has_bias);
   });
@@ -469,12 +491,13 @@ void Conv2d(PackedArgs args, tvm::ffi::Any* rv) {
   if (e->reorder_dst) dst = e->dst_buf;
   if (has_res) {
     // The sum post-op accumulates into dst, so dst starts as the residual.
-    CheckF32Contig(*residual, "residual");
-    memory user_res(e->user_dst_md, rt.eng, DataPtr(*residual));
-    if (e->reorder_dst) {
+    dt res_t = ActType(*residual, "residual");
+    memory::desc res_md(e->user_dst_md.get_dims(), res_t, a[kConvNHWC] ? tag::nhwc : tag::nchw);
+    memory user_res(res_md, rt.eng, DataPtr(*residual));
+    if (e->reorder_dst || res_t != out_t) {
       dnnl::reorder(user_res, dst).execute(rt.strm, user_res, dst);
     } else if (DataPtr(*residual) != DataPtr(out)) {
-      std::memcpy(DataPtr(out), DataPtr(*residual), out.numel() * sizeof(float));
+      std::memcpy(DataPtr(out), DataPtr(*residual), out.numel() * TypeSize(out_t));
     }
   }
   std::unordered_map<int, memory> exec_args{
@@ -518,9 +541,8 @@ void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
   std::optional<TensorView> bias;
   if (has_bias) bias = args[2].cast<TensorView>();
   TensorView out = args[n - 1].cast<TensorView>();
-  CheckF32Contig(A, "a");
+  dt a_t = ActType(A, "a"), out_t = ActType(out, "out");
   CheckF32Contig(B, "b");
-  CheckF32Contig(out, "out");
   TVM_FFI_ICHECK(A.ndim() >= 2 && B.ndim() >= 2) << "matmul needs ndim >= 2";
 
   int64_t K = A.size(A.ndim() - 1);
@@ -547,17 +569,18 @@ void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
   ApplyThreads();
   Runtime& rt = GetRuntime();
   const float* bptr = static_cast<const float*>(DataPtr(B));
-  std::string key = MakeKey("matmul", bptr, at, {a_dims, b_dims, o_dims});
+  std::string key =
+      MakeKey("matmul", bptr, at, {a_dims, b_dims, o_dims}) + TypesKey({a_t, out_t});
   std::shared_ptr<MatmulEntry> e = Cached(&g_matmul_cache, key, bptr, B.numel(), [&] {
     auto e = std::make_shared<MatmulEntry>();
     memory::desc user_b_md(b_dims, dt::f32, BStrides(b_dims, trans_b));
     // bf16 compute: a and b in bf16 (a converted on each call), fp32 accumulation and output.
     dt cdt = at[kMMCompute] == kComputeBF16 ? dt::bf16 : dt::f32;
-    e->user_a_md = memory::desc(a_dims, dt::f32, PlainTag(nd));
+    e->user_a_md = memory::desc(a_dims, a_t, PlainTag(nd));
     e->a_md = memory::desc(a_dims, cdt, PlainTag(nd));
-    e->convert_a = cdt != dt::f32;
+    e->convert_a = cdt != a_t;
     if (e->convert_a) e->a_buf = memory(e->a_md, rt.eng);
-    e->dst_md = memory::desc(o_dims, dt::f32, PlainTag(nd));
+    e->dst_md = memory::desc(o_dims, out_t, PlainTag(nd));
     memory::desc b_any(b_dims, cdt, tag::any);
     memory::desc bias_md;
     if (has_bias) {
@@ -877,7 +900,8 @@ enum BmmAttr { kBTransB, kBScaleBits, kBCompute, kBNumAttrs };
 struct BmmEntry {
   dnnl::matmul prim;
   memory::desc a_md, b_md, user_a_md, user_b_md, dst_md;
-  bool convert = false;  // bf16 compute: both operands are converted into a_buf / b_buf first
+  // bf16 compute: an fp32 operand is converted into a_buf / b_buf first
+  bool convert_a = false, convert_b = false;
   memory a_buf, b_buf;
 };
 
@@ -891,9 +915,7 @@ void BatchMatmul(PackedArgs args, tvm::ffi::Any* rv) {
   TensorView A = args[0].cast<TensorView>();
   TensorView B = args[1].cast<TensorView>();
   TensorView out = args[3].cast<TensorView>();
-  CheckF32Contig(A, "a");
-  CheckF32Contig(B, "b");
-  CheckF32Contig(out, "out");
+  dt a_t = ActType(A, "a"), b_t = ActType(B, "b"), out_t = ActType(out, "out");
   int nd = static_cast<int>(A.ndim());
   TVM_FFI_ICHECK(nd >= 2 && nd <= 4 && B.ndim() == nd && out.ndim() == nd)
       << "batch_matmul needs a, b and out of one rank in 2-4";
@@ -915,7 +937,8 @@ void BatchMatmul(PackedArgs args, tvm::ffi::Any* rv) {
   std::lock_guard<std::mutex> lock(g_mu);
   ApplyThreads();
   Runtime& rt = GetRuntime();
-  std::string key = MakeKey("bmm", nullptr, at, {a_dims, b_dims, o_dims});
+  std::string key =
+      MakeKey("bmm", nullptr, at, {a_dims, b_dims, o_dims}) + TypesKey({a_t, b_t, out_t});
   auto it = g_bmm_cache.find(key);
   std::shared_ptr<BmmEntry> e;
   if (it != g_bmm_cache.end()) {
@@ -923,16 +946,15 @@ void BatchMatmul(PackedArgs args, tvm::ffi::Any* rv) {
   } else {
     e = std::make_shared<BmmEntry>();
     dt cdt = at[kBCompute] == kComputeBF16 ? dt::bf16 : dt::f32;
-    e->user_a_md = memory::desc(a_dims, dt::f32, PlainTag(nd));
-    e->user_b_md = memory::desc(b_dims, dt::f32, b_strides);
-    e->convert = cdt != dt::f32;
-    e->a_md = e->convert ? memory::desc(a_dims, cdt, PlainTag(nd)) : e->user_a_md;
-    e->b_md = e->convert ? memory::desc(b_dims, cdt, b_strides) : e->user_b_md;
-    if (e->convert) {
-      e->a_buf = memory(e->a_md, rt.eng);
-      e->b_buf = memory(e->b_md, rt.eng);
-    }
-    e->dst_md = memory::desc(o_dims, dt::f32, PlainTag(nd));
+    e->user_a_md = memory::desc(a_dims, a_t, PlainTag(nd));
+    e->user_b_md = memory::desc(b_dims, b_t, b_strides);
+    e->a_md = memory::desc(a_dims, cdt, PlainTag(nd));
+    e->b_md = memory::desc(b_dims, cdt, b_strides);
+    e->convert_a = a_t != cdt;
+    e->convert_b = b_t != cdt;
+    if (e->convert_a) e->a_buf = memory(e->a_md, rt.eng);
+    if (e->convert_b) e->b_buf = memory(e->b_md, rt.eng);
+    e->dst_md = memory::desc(o_dims, out_t, PlainTag(nd));
     float scale;
     uint32_t bits = static_cast<uint32_t>(at[kBScaleBits]);
     std::memcpy(&scale, &bits, sizeof(scale));
@@ -945,10 +967,12 @@ void BatchMatmul(PackedArgs args, tvm::ffi::Any* rv) {
     g_bmm_cache[key] = e;
   }
   memory a_mem(e->user_a_md, rt.eng, DataPtr(A)), b_mem(e->user_b_md, rt.eng, DataPtr(B));
-  if (e->convert) {
+  if (e->convert_a) {
     dnnl::reorder(a_mem, e->a_buf).execute(rt.strm, a_mem, e->a_buf);
-    dnnl::reorder(b_mem, e->b_buf).execute(rt.strm, b_mem, e->b_buf);
     a_mem = e->a_buf;
+  }
+  if (e->convert_b) {
+    dnnl::reorder(b_mem, e->b_buf).execute(rt.strm, b_mem, e->b_buf);
     b_mem = e->b_buf;
   }
   e->prim.execute(rt.strm, {{DNNL_ARG_SRC, a_mem},
