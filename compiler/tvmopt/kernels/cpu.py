@@ -776,7 +776,10 @@ class RowReductionRule(_LLVMRule):
         if any(not k or k[0] != "S" for k in kinds):
             return None
         reductions = [b for b, k in zip(infos, kinds) if not b.is_injective()]
-        lanes = params.lanes(str(sch.get(infos[-1].block_rv).writes[0].source.dtype))
+        # The row is computed in its widest type (an fp32 softmax that stores bf16 for the
+        # next bf16 kernel still sums fp32 vectors).
+        lanes = min(params.lanes(str(w.source.dtype))
+                    for b in infos for w in sch.get(b.block_rv).writes)
         if not reductions or lanes < 2:
             return None
         rows = len(kinds[-1]) - 1  # the output's axes but the last: one row each
