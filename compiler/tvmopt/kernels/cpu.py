@@ -798,7 +798,10 @@ class RowReductionRule(_LLVMRule):
         for b in reductions:
             loops = sch.get_loops(b.block_rv)
             _, lane = sch.split(loops[-1], factors=[None, lanes])
-            partials.add(sch.get(sch.rfactor(lane, factor_axis=len(loops) - 1)).name_hint)
+            # The partials' axis goes last in their buffer, so a vector of them is contiguous
+            # (a unit axis of the output, which has no loop, would otherwise put it mid-way).
+            ndim = len(sch.get(b.block_rv).writes[0].source.shape)
+            partials.add(sch.get(sch.rfactor(lane, factor_axis=ndim)).name_hint)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
         loops = sch.get_loops(blocks[-1])
         row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
