@@ -213,6 +213,28 @@ def _cnn(tmp_path):
     return _small_cnn(tmp_path / "cnn.onnx")
 
 
+def test_bf16_kernels_are_timed_on_bf16_activations(tmp_path, monkeypatch):
+    """In the built model a bf16 call's activations arrive bf16 (converted by their producer),
+    so its timing feeds it bf16 and does not charge it a conversion; fp32 and codegen are
+    timed on fp32 inputs."""
+    needs_bf16_host()
+    from tvmopt.kernels import dispatch, timing
+
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
+    seen = []
+
+    def measure(vm, name, inputs):
+        seen.append(tuple(str(t.dtype) for t in inputs if hasattr(t, "dtype")))
+        return timing.Measurement(1.0, 1.0, 0.0)
+
+    monkeypatch.setattr(dispatch, "measure_call", measure)
+    _compile(_cnn(tmp_path), tmp_path / "a", precision="bf16")
+    kinds = {dt for call in seen for dt in call}
+    assert kinds == {"float32", "bfloat16"}, seen
+    # per kernel: fp32 library, bf16 library, codegen; only the bf16 side gets bf16
+    assert all(("bfloat16" in call) == (i % 3 == 1) for i, call in enumerate(seen)), seen
+
+
 def test_auto_keeps_bf16_where_it_is_faster_and_within_the_gate(tmp_path, bf16_always_faster):
     needs_bf16_host()
     res, logged = _compile(_cnn(tmp_path), tmp_path / "a", verify=True)

@@ -932,6 +932,13 @@ class _Lower(relax.PyExprMutator):
         """
         if compute != COMPUTE["bf16"] or str(getattr(x.ty, "dtype", "")) != "float32":
             return x
+        if isinstance(x, relax.Var):
+            # bf16 -> fp32 -> bf16 is exact: take the bf16 tensor as it was
+            bound = self.lookup_binding(x)
+            if (isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op)
+                    and bound.op.name == "relax.astype"
+                    and str(getattr(bound.args[0].ty, "dtype", "")) == "bfloat16"):
+                return bound.args[0]
         return self.builder_.emit(relax.op.astype(x, "bfloat16"))
 
     def _conv(self, env, ops, call, compute):
