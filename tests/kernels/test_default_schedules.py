@@ -439,3 +439,31 @@ def test_a_ragged_softmax_row_is_padded_to_whole_vectors_and_stays_exact():
     assert (np.isnan(got) == np.isnan(ref)).all()
     ok = ~np.isnan(ref)
     np.testing.assert_allclose(got[ok], ref[ok], rtol=1e-5, atol=1e-6)
+
+
+def test_a_symbolic_softmax_row_sums_in_vector_partials_at_every_length():
+    """A softmax over a dynamic sequence length (a symbolic row) is padded to whole vectors
+    inside its kernel, so it too sums in vector partials; one build is exact at lengths that
+    are whole vectors, ragged, and shorter than one vector."""
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.in_memory import host_target
+
+    target = host_target().to_tvm()
+    cfg = pipeline.PipelineConfig(dispatch="codegen")
+    mod = import_onnx(softmax_symbolic_row_case()).mod
+    scheduled = pipeline.optimize(mod, target, cfg)
+    rows = [f.script() for f in scheduled.functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc) and "T.axis.reduce" in f.script()]
+    assert rows and all("_rf" in t and "T.vectorized" in t for t in rows), rows
+    vm = relax.VirtualMachine(pipeline.build(mod, target, cfg), tvm.cpu())
+    for n in (1, 7, 16, 33, 64, 197):
+        x = (RNG.standard_normal((3, n)) * 20).astype("float32")
+        x[0, n // 2:] = -np.inf
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        e = np.exp(x - x.max(-1, keepdims=True))
+        np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6,
+                                   err_msg=f"row length {n}")

@@ -196,6 +196,17 @@ def _const_int(x):
     return int(x.value) if isinstance(x, tirx.IntImm) else None
 
 
+def _guarded_blocks(func) -> set[str]:
+    """Names of the blocks of `func` that run under a predicate (T.where): read from its
+    script, since the wheel's Python has no TIR statement visitor."""
+    names = set()
+    for chunk in func.script().split('with T.sblock("')[1:]:
+        name, body = chunk.split('"', 1)
+        if "T.where(" in body:
+            names.add(name)
+    return names
+
+
 def _extent(sch, loop):
     return _const_int(sch.get(loop).extent)
 
@@ -226,6 +237,14 @@ def _symbolic_expression(extent) -> bool:
     return not isinstance(extent, (int, tirx.IntImm, tirx.Var))
 
 
+def _whole_vectors(extent, lanes) -> bool:
+    """A symbolic extent provably a multiple of `lanes` (a row padded up to whole vectors)."""
+    from tvm.sym.analyzer import Analyzer
+
+    return (not isinstance(extent, (int, tirx.IntImm))
+            and Analyzer().can_prove_equal(tirx.floormod(extent, lanes), 0))
+
+
 def _vectorize_tail(sch, block, lanes):
     """Vectorize the innermost loop of ``block`` by at most ``lanes``."""
     loops = sch.get_loops(block)
@@ -233,6 +252,10 @@ def _vectorize_tail(sch, block, lanes):
         return
     inner = loops[-1]
     ext = _extent(sch, inner)
+    if ext is None and lanes > 1 and _whole_vectors(sch.get(inner).extent, lanes):
+        _, vec = sch.split(inner, factors=[None, lanes])
+        sch.vectorize(vec)
+        return
     if ext is None or ext <= 1 or lanes <= 1:
         return
     if ext <= lanes:
@@ -788,11 +811,16 @@ class RowReductionRule(_LLVMRule):
         for b, k in zip(infos, kinds):
             if b.is_injective():
                 continue
-            ext = _extent(sch, sch.get_loops(b.block_rv)[-1])
+            last = sch.get_loops(b.block_rv)[-1]
+            ext = _extent(sch, last)
             # A row's reduction: the output's leading axes, then one reduction axis (a matmul
             # keeps every output axis and reduces another), a whole number of vectors long
-            # (at least two).
-            if k != "S" * rows + "R" or ext is None or ext % lanes or ext < 2 * lanes:
+            # (at least two; a symbolic row only where it is padded to whole vectors).
+            if k != "S" * rows + "R":
+                return None
+            if ext is None and not _whole_vectors(sch.get(last).extent, lanes):
+                return None
+            if ext is not None and (ext % lanes or ext < 2 * lanes):
                 return None
         partials = set()
         for b in reductions:
@@ -803,6 +831,21 @@ class RowReductionRule(_LLVMRule):
             ndim = len(sch.get(b.block_rv).writes[0].source.shape)
             partials.add(sch.get(sch.rfactor(lane, factor_axis=ndim)).name_hint)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        # An elementwise step that only the output reads (softmax's normalisation before a
+        # padded row is cut back, or a cast) is computed in the output's own loop: computed
+        # under the row instead, its region over a symbolic row is a guarded scalar loop.
+        while len(blocks) > 2:
+            prev = blocks[-2]
+            consumers = sch.get_consumers(prev)
+            if (len(consumers) != 1 or not sch.get(consumers[0]).same_as(sch.get(blocks[-1]))
+                    or any(iv.iter_type != tirx.IterVar.DataPar
+                           for iv in sch.get(prev).iter_vars)):
+                break
+            try:
+                sch.compute_inline(prev)
+            except Exception:  # pylint: disable=broad-except - not inlinable: computed apart
+                break
+            blocks = sch.get_child_blocks(sch.get_sblock("root"))
         loops = sch.get_loops(blocks[-1])
         row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
         sch.parallel(row)
@@ -818,6 +861,10 @@ class RowReductionRule(_LLVMRule):
                 sch.vectorize(sch.get_loops(block)[-1])
             elif all(iv.iter_type == tirx.IterVar.DataPar for iv in sch.get(block).iter_vars):
                 _vectorize_tail(sch, block, lanes)
+        reduced = {sch.get(b.block_rv).name_hint for b in reductions} | partials
+        if any(name in reduced for name in _guarded_blocks(sch.mod["main"])):
+            # A reduction split this could not prove exact: rfactor drops such a guard.
+            return None
         return sch
 
 

@@ -64,10 +64,15 @@ def fast_softmax(x, axis: int):
     nd = len(x.shape)
     axis = axis % nd
     n = x.shape[axis]
-    if (axis != nd - 1 or not isinstance(n, tvm.tirx.IntImm) or n.value % _ROW_QUANTUM == 0
-            or n.value < 2 * _ROW_QUANTUM):
+    if axis != nd - 1 or (isinstance(n, tvm.tirx.IntImm) and (
+            n.value % _ROW_QUANTUM == 0 or n.value < 2 * _ROW_QUANTUM)):
         return topi.nn.fast_softmax(x, axis)
-    extra = -n.value % _ROW_QUANTUM
+    if isinstance(n, tvm.tirx.IntImm):
+        extra = -n.value % _ROW_QUANTUM
+    else:
+        # a symbolic row (a dynamic sequence length) is padded up to whole vectors too
+        q = tvm.tirx.const(_ROW_QUANTUM, "int64")
+        extra = tvm.tirx.floordiv(n + q - 1, q) * q - n
     padded = topi.nn.pad(x, [0] * nd, [0] * (nd - 1) + [extra],
                          pad_value=tvm.tirx.const(float("-inf"), x.dtype), name="T_softmax_pad")
     y = topi.nn.fast_softmax(padded, axis)
