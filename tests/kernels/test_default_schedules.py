@@ -467,3 +467,24 @@ def test_a_symbolic_softmax_row_sums_in_vector_partials_at_every_length():
         e = np.exp(x - x.max(-1, keepdims=True))
         np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6,
                                    err_msg=f"row length {n}")
+
+
+def test_an_elementwise_kernel_over_a_symbolic_row_keeps_its_inner_loop():
+    """Scaling attention scores of a symbolic sequence length: the outer axes run in parallel
+    and the innermost stays its own loop, instead of one flat loop that recomputes every index
+    with a division and a modulo per element."""
+    import tvm
+
+    from tvmopt import pipeline
+
+    inits = [numpy_helper.from_array(np.array(8.0, np.float32), "c")]
+    model = _model([helper.make_node("Div", ["x", "c"], ["y"])],
+                   [_vi("x", ["b", 4, "n", "n"])], [_vi("y", ["b", 4, "n", "n"])], inits)
+    x = RNG.standard_normal((2, 4, 37, 37)).astype("float32")
+    got, scheduled = _run(model, {"x": x}, pipeline.PipelineConfig(dispatch="codegen"))
+    np.testing.assert_allclose(got, x / 8, rtol=1e-6)
+    text = [f.script() for f in scheduled.functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(text) == 1
+    inner = [ln for ln in text[0].splitlines() if "T.axis.spatial(n," in ln][-1]
+    assert "%" not in inner and "//" not in inner, text[0]

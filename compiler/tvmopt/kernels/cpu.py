@@ -279,6 +279,15 @@ def _parallel_vectorize(sch, block, lanes, max_inner=None):
         if len(loops) > 1:
             _vectorize_tail(sch, block, lanes)
         return
+    if len(loops) > 1 and inner_ext is None:
+        # A symbolic innermost extent (a sequence length): fused into one flat loop, every
+        # element would recompute its indices with a division and a modulo per axis. The
+        # outer loops run in parallel; the inner one stays a plain loop (LLVM vectorizes it
+        # where it can), split into vectors here where it provably holds whole ones.
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        sch.parallel(outer)
+        _vectorize_tail(sch, block, lanes)
+        return
     if len(loops) > 1 and inner_ext is not None and inner_ext >= lanes:
         outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
         sch.parallel(outer)
