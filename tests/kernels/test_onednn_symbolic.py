@@ -111,6 +111,24 @@ def test_attention_matmuls_in_bf16():
     assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 2}
 
 
+def test_the_scale_of_scores_from_an_already_transposed_key_is_folded_in():
+    """q @ kt / sqrt(d) where kt arrives transposed (an exporter that transposes k with the
+    head split): the scale is the call's post-op, not a kernel over the scores."""
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.in_memory import host_target
+
+    inits = {"scale": np.array(8.0, np.float32)}
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Div", ["s", "scale"], ["y"])]
+    m = model(nodes, [("q", ["batch", 2, "seq", 16]), ("kt", ["batch", 2, 16, "seq"])], inits)
+    calls = build_and_check(m, lambda b, s: {"q": rand(b, 2, s, 16), "kt": rand(b, 2, 16, s)})
+    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 1}
+    cfg = pipeline.PipelineConfig(dispatch="library")
+    mod = pipeline.optimize(import_onnx(m).mod, host_target().to_tvm(), cfg, until="dispatch")
+    assert "R.divide" not in mod.script(show_meta=False)
+
+
 def test_matmul_broadcasting_a_batch_dim_of_one():
     nodes = [helper.make_node("MatMul", ["a", "b"], ["y"])]
     m = model(nodes, [("a", [2, 3, "seq", 8]), ("b", [1, 3, 8, 5])], {})

@@ -453,8 +453,10 @@ def _bmm_patterns():
     optionally a transpose of the last two axes (read through strides) and its output optionally
     scaled by a constant."""
     pats = []
+    # Longest first: the first pattern that matches takes the matmul, so a scale-less one
+    # listed before would leave the scale as a kernel of its own.
     for trans in (True, False):
-        for scale in (None, "relax.divide", "relax.multiply"):
+        for scale in ("relax.divide", "relax.multiply", None):
             b = is_op("relax.permute_dims")(wildcard()) if trans else wildcard()
             mm = is_op("relax.matmul")(wildcard(), b)
             ann = {"matmul": mm}
