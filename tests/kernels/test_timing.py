@@ -76,3 +76,37 @@ def test_untrusted_kernel_timings_are_not_cached_and_compile_says_so(tmp_path, m
     assert any("not cached" in n for n in cfg.notes)
     saved = tmp_path / "cache" / timing.CACHE_NAME
     assert not saved.exists() or json.loads(saved.read_text()) == {}
+
+
+def test_a_kernels_sides_are_retimed_in_turn_while_one_was_timed_under_load(monkeypatch):
+    """One side's timing hit by a burst of load (untrusted) sends every side of the kernel
+    round again, in the other order, and each keeps its best trusted round: the burst cannot
+    decide library against codegen on its own."""
+    from tvmopt.kernels import dispatch, timing
+
+    calls = []
+    script = {("lib", 0): timing.Measurement(50.0, 60.0, 1.2),  # a loaded sample
+              ("cg", 0): timing.Measurement(2.0, 2.0, 0.0),
+              ("cg", 1): timing.Measurement(2.1, 2.1, 0.0),
+              ("lib", 1): timing.Measurement(1.0, 1.0, 0.0)}
+
+    def measure(vm, name, inputs):
+        n = sum(1 for c in calls if c == vm)
+        calls.append(vm)
+        return script[(vm, n)]
+
+    monkeypatch.setattr(dispatch, "measure_call", measure)
+    best = dispatch._time_sides({"lib": ("lib", []), "cg": ("cg", [])}, "k")
+    assert calls == ["lib", "cg", "cg", "lib"]
+    assert best["lib"].ms == 1.0 and best["lib"].trusted
+    assert best["cg"].ms == 2.0
+
+
+def test_trusted_sides_are_timed_once(monkeypatch):
+    from tvmopt.kernels import dispatch, timing
+
+    calls = []
+    monkeypatch.setattr(dispatch, "measure_call", lambda vm, name, inputs: (
+        calls.append(vm), timing.Measurement(1.0, 1.0, 0.0))[1])
+    dispatch._time_sides({"a": ("a", []), "b": ("b", []), "c": ("c", [])}, "k")
+    assert calls == ["a", "b", "c"]

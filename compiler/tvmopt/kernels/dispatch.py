@@ -141,6 +141,29 @@ def _with_bf16_params(mod, name, gv, params, call_args, convert: bool):
     return bb.get(), idx
 
 
+# Rounds over every side of one kernel while any side's timing is untrusted: a burst of load
+# that hit one side's samples is unlikely to hit it again in the next round, and load only
+# ever adds time, so each side keeps its fastest round.
+SIDE_ROUNDS = 2
+
+
+def _time_sides(sides: dict, name: str) -> dict:
+    """{side: Measurement} of `vm[name](*inputs)` for each side (vm, inputs): every side in
+    turn, in the other order each round, until all are trusted or SIDE_ROUNDS ran."""
+    best = {}
+    order = list(sides)
+    for r in range(SIDE_ROUNDS):
+        for side in (order if r % 2 == 0 else order[::-1]):
+            vm, inputs = sides[side]
+            m = measure_call(vm, name, inputs)
+            old = best.get(side)
+            if old is None or (m.trusted, -m.ms) > (old.trusted, -old.ms):
+                best[side] = m
+        if all(m.trusted for m in best.values()):
+            break
+    return best
+
+
 def _as_bf16(arrays, idx, dev):
     import ml_dtypes
     import tvm
@@ -274,10 +297,13 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
                 name = f"tvmopt_kernel_{i}"
                 inputs = [tvm.runtime.tensor(a, dev) if isinstance(a, np.ndarray) else a
                           for a in feeds[name]]
-                ms = {lib_fields[c]: measure_call(
-                    vm, name, _as_bf16(feeds[name], bf16_args[name], dev) if c == "bf16"
-                    else inputs) for c, vm in vm_lib.items()}
-                cg = min(((measure_call(vm, name, inputs), by) for by, vm in vm_cg.items()),
+                sides = {lib_fields[c]: (vm, _as_bf16(feeds[name], bf16_args[name], dev)
+                                         if c == "bf16" else inputs)
+                         for c, vm in vm_lib.items()}
+                sides.update({("codegen", by): (vm, inputs) for by, vm in vm_cg.items()})
+                best = _time_sides(sides, name)
+                ms = {f: m for f, m in best.items() if isinstance(f, str)}
+                cg = min(((m, f[1]) for f, m in best.items() if not isinstance(f, str)),
                          key=lambda mb: mb[0].ms)
                 every = [*ms.values(), cg[0]]
                 bad = [m for m in every if not m.trusted]
