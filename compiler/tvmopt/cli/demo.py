@@ -12,6 +12,17 @@ import click
 from . import options
 
 
+def _note_load(rows) -> None:
+    from ..kernels.timing import FOREIGN_LOAD_LIMIT
+
+    load = rows[0].get("foreign_load", 0.0)
+    if load >= FOREIGN_LOAD_LIMIT:
+        click.echo(f"note: other processes kept {load:.1f} cores busy while this was timed; "
+                   "tvmopt's kernels run as a team of threads that waits for any thread the "
+                   "OS has set aside, so on a shared machine these figures (and which build "
+                   "is faster) do not say what a quiet one would")
+
+
 @click.command()
 @options.target()
 @click.option("-o", "--output", type=click.Path(), default="tvmopt-out/default.tvmopt",
@@ -48,7 +59,9 @@ def demo(target, output, runs):
 
         print_replay(result.replay)
     if not db_manifest:
-        print_latency_summary(latency_summary(result.artifact.path, opts.model, runs=runs))
+        rows = latency_summary(result.artifact.path, opts.model, runs=runs)
+        print_latency_summary(rows)
+        _note_load(rows)
         return
     untuned_dir = Path(output).with_name(Path(output).name + ".untuned")
     untuned = compile_model(replace(opts, db=None, output=str(untuned_dir)),
@@ -57,6 +70,7 @@ def demo(target, output, runs):
                            others={"tvmopt untuned": untuned.artifact.path})
     rows[0]["runtime"] = "tvmopt tuned"
     print_latency_summary(rows)
+    _note_load(rows)
     tuned_ms, untuned_ms = rows[0]["median_ms"], rows[1]["median_ms"]
     if tuned_ms < untuned_ms:
         click.echo(f"the tuned build is faster here ({tuned_ms:.3f} vs {untuned_ms:.3f} ms "
