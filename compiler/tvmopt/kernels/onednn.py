@@ -896,6 +896,15 @@ class _Lower(relax.PyExprMutator):
         self.mod_ = mod
         self.layout = layout
         self.compute = compute  # GlobalVar -> "fp32" | "bf16"
+        self.bf16_of = {}  # an fp32 operand -> its bf16 copy, within the current block
+
+    def visit_binding_block_(self, block):
+        self.bf16_of = {}  # a copy made in one block is not visible in the next
+        return super().visit_binding_block_(block)
+
+    def visit_dataflow_block_(self, block):
+        self.bf16_of = {}
+        return super().visit_dataflow_block_(block)
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
@@ -941,7 +950,9 @@ class _Lower(relax.PyExprMutator):
                     and bound.op.name == "relax.astype"
                     and str(getattr(bound.args[0].ty, "dtype", "")) == "bfloat16"):
                 return bound.args[0]
-        return self.builder_.emit(relax.op.astype(x, "bfloat16"))
+        if x not in self.bf16_of:  # one copy for every call that reads x (q, k and v)
+            self.bf16_of[x] = self.builder_.emit(relax.op.astype(x, "bfloat16"))
+        return self.bf16_of[x]
 
     def _conv(self, env, ops, call, compute):
         (conv_var, conv), rest = ops[0], ops[1:]
