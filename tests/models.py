@@ -308,3 +308,73 @@ def qdq_mlp(tmp_path) -> str:
     quantize_static(src, out, Reader(), quant_format=QuantFormat.QDQ,
                     activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
     return out
+
+
+def quantized_depthwise_cnn(tmp_path, size=16) -> str:
+    """onnxruntime.quantization.quantize_dynamic of `depthwise_cnn` at batch 1 (BatchNorm folded
+    first, as exporters do): DynamicQuantizeLinear + ConvInteger, dense, depthwise and strided,
+    with ReLU6 between them, and a MatMulInteger head."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    src = str(tmp_path / "dw_cnn.onnx")
+    onnx.save(_fold_batchnorm(depthwise_cnn(batch=1, size=size)), src)
+    out = str(tmp_path / "dw_cnn_int8.onnx")
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_dynamic(src, out, weight_type=QuantType.QInt8)
+    return out
+
+
+def _fold_batchnorm(model):
+    """Every Conv -> BatchNormalization pair of `model` as one Conv with a bias."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    nodes, producer = [], {}
+    for n in model.graph.node:
+        conv = producer.get(n.input[0]) if n.op_type == "BatchNormalization" else None
+        if conv is None:
+            nodes.append(n)
+            for o in n.output:
+                producer[o] = n if n.op_type == "Conv" else None
+            continue
+        g, b, mean, var = (inits[i] for i in n.input[1:5])
+        eps = next((a.f for a in n.attribute if a.name == "epsilon"), 1e-5)
+        k = g / np.sqrt(var + eps)
+        w = inits[conv.input[1]]
+        bias = inits[conv.input[2]] if len(conv.input) > 2 else np.zeros(w.shape[0], np.float32)
+        inits[conv.input[1]] = (w * k.reshape(-1, 1, 1, 1)).astype(np.float32)
+        inits[conv.output[0] + "_b"] = ((bias - mean) * k + b).astype(np.float32)
+        del conv.input[2:]
+        conv.input.append(conv.output[0] + "_b")
+        conv.output[0] = n.output[0]
+    g = helper.make_graph(nodes, model.graph.name, model.graph.input, model.graph.output,
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return make_model(list(g.node), list(g.input), list(g.output), list(g.initializer))
+
+
+def qdq_depthwise_cnn(tmp_path, size=16) -> str:
+    """onnxruntime.quantization.quantize_static of `depthwise_cnn` at batch 1 (BatchNorm
+    folded) in QDQ format, as the benchmark quantizes MobileNetV2: per-channel int8 weights, u8
+    activations, seeded calibration. Consecutive convolutions, dense and depthwise, with only a
+    quantize -> dequantize pair between them."""
+    import logging
+
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(1)
+            self.it = iter([{"x": rng.standard_normal((1, 3, size, size)).astype(np.float32)}
+                            for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    src = str(tmp_path / "dw_cnn_f32.onnx")
+    onnx.save(_fold_batchnorm(depthwise_cnn(batch=1, size=size)), src)
+    out = str(tmp_path / "dw_cnn_qdq.onnx")
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_static(src, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return out

@@ -73,8 +73,11 @@ def print_compile_result(result, shown_path: str | None = None) -> None:
     if kernels:
         choices = kernels.get("choices") or []
         lib = sum(c["sites"] for c in choices if c["choice"] == "library")
+        lib8 = sum(c["sites"] for c in choices
+                   if c["choice"] == "library" and c.get("precision") == "int8")
+        on = f"{lib} kernels on oneDNN" + (f" ({lib8} int8)" if lib8 else "")
         what = {"untuned": "default schedules, untuned (no database)",
-                "dispatched": f"{lib} kernels on oneDNN, the rest default schedules",
+                "dispatched": f"{on}, the rest default schedules",
                 "tuned": "tuned records where the database has them, default schedules "
                          "elsewhere"}.get(kernels.get("build"), kernels.get("build"))
         console.print(f"  kernels: {what} (--dispatch {kernels.get('dispatch')}, layout "

@@ -263,3 +263,58 @@ def test_qdq_resnet_stays_channels_last_and_joins_residuals_in_the_int8_call(tmp
                                providers=["CPUExecutionProvider"]).run(None, inputs)[0]
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(inputs["x"])).numpy()
     assert np.abs(got - ref).max() / scale <= 2.01
+
+
+def test_consecutive_int8_convs_pass_8bit_tensors_and_match_onnxruntime(tmp_path):
+    """MobileNet-style QDQ chain (quantize_static): each convolution's output quantize is folded
+    into its int8 call (u8 out), the next call reads that u8 tensor, the graph input's quantize
+    goes into the first call: no quantize / dequantize kernel between the convolutions."""
+    import onnx
+    import tvm
+    from tvm import relax
+
+    from tests.models import qdq_depthwise_cnn
+
+    path = qdq_depthwise_cnn(tmp_path)
+    model = onnx.load(path)
+    mod, ex, cfg = compile_library(model)
+    text = mod["main"].script(show_meta=False)
+    calls = [ln for ln in text.splitlines() if f'"{od.QCONV_FUNC}"' in ln]
+    assert len(calls) == sum(n.op_type == "Conv" for n in model.graph.node) == 4
+    assert all('dtype="uint8"))' in ln for ln in calls)  # every one writes u8
+    assert calls[0].count("(x,") == 1  # the graph input, quantized in the call
+    # Left to TVM: the dequantize before the pooling and the output's QDQ pair only.
+    assert text.count("R.quantize(") == 1 and text.count("R.dequantize(") == 2
+    assert all(c.quantized and c.precision == "int8" for c in cfg.dispatch_choices)
+    inputs = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    out_q = next(n for n in reversed(model.graph.node) if n.op_type == "QuantizeLinear")
+    scale = float(next(numpy_helper.to_array(i) for i in model.graph.initializer
+                       if i.name == out_q.input[1]))
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for _ in range(2):  # the second run hits the cached primitives
+        got = vm["main"](tvm.runtime.tensor(inputs["x"])).numpy()
+        steps = np.abs(got - ref) / scale
+        assert steps.max() <= 2.01, f"{steps.max():.2f} output quantization steps apart"
+
+
+def test_8bit_chain_given_back_to_codegen_is_the_qdq_graph_again(tmp_path):
+    import onnx
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.in_memory import host_target
+
+    from tests.models import qdq_depthwise_cnn
+
+    model = onnx.load(qdq_depthwise_cnn(tmp_path))
+    cfg = pipeline.PipelineConfig(dispatch="library")
+    mod = pipeline.optimize(import_onnx(model).mod, host_target().to_tvm(), cfg, until="layout")
+    before = mod["main"].script(show_meta=False)
+    part = od.partition(mod, int8=True)
+    names = sorted(str(f.attrs["Composite"]) for f in od.composites(part).values())
+    assert sum(n.startswith("tvmopt_onednn.qconv2d_u8") and n.endswith("_q") for n in names) == 4
+    after = od.lower(part, keep=set())["main"].script(show_meta=False)
+    assert 'dtype="int8"' not in after
+    assert after.count("R.quantize(") == before.count("R.quantize(")
+    assert after.count("R.dequantize(") == before.count("R.dequantize(")

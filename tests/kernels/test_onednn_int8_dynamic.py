@@ -1,11 +1,14 @@
 """oneDNN int8 kernels for dynamically quantized models (onnxruntime `quantize_dynamic`:
-DynamicQuantizeLinear + MatMulInteger + Mul by the scales + Add of the bias): each integer
-matmul becomes one int8 packed call that quantizes its input at run time, as
+DynamicQuantizeLinear + MatMulInteger / ConvInteger + Mul by the scales + Add of the bias):
+each integer matmul or convolution (dense, grouped, depthwise; with its activation and a
+residual join) becomes one int8 packed call that quantizes its input at run time, as
 DynamicQuantizeLinear does, and matches onnxruntime on the same model; the precision
 decision reports int8 chosen for those library workloads.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import onnx
@@ -166,3 +169,77 @@ def test_fp32_rewrite_leaves_the_int8_library_matmuls_integer(qmodel):
         return mod.script(show_meta=False).count('out_dtype="int32"')
 
     assert int32_matmuls(False) == 0 and int32_matmuls(True) == 2
+
+
+# ------------------------------------------------------------------ ConvInteger (quantize_dynamic of CNNs)
+def _residual_cnn(path) -> str:
+    """Conv -> Relu -> grouped Conv (2 groups) + input -> Relu, then a strided Conv with bias:
+    quantize_dynamic's ConvIntegers with a residual join and a non-depthwise grouped conv."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from tests.models import const, make_model, rand, vi
+
+    nodes = [onnx.helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             onnx.helper.make_node("Relu", ["c1"], ["r1"]),
+             onnx.helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], group=2),
+             onnx.helper.make_node("Add", ["c2", "x"], ["s"]),
+             onnx.helper.make_node("Relu", ["s"], ["r2"]),
+             onnx.helper.make_node("Conv", ["r2", "w3", "b3"], ["y"], strides=[2, 2])]
+    inits = [const("w1", rand(8, 8, 3, 3, seed=1, scale=0.3)), const("b1", rand(8, seed=2)),
+             const("w2", rand(8, 4, 3, 3, seed=3, scale=0.3)),
+             const("w3", rand(16, 8, 1, 1, seed=4, scale=0.3)), const("b3", rand(16, seed=5))]
+    src = str(path / "res.onnx")
+    onnx.save(make_model(nodes, [vi("x", [1, 8, 12, 12])], [vi("y", [1, 16, 6, 6])], inits), src)
+    out = str(path / "res_int8.onnx")
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_dynamic(src, out, weight_type=QuantType.QInt8)
+    return out
+
+
+def test_cnn_conv_integers_are_int8_calls_and_match_onnxruntime(tmp_path):
+    from tests.models import quantized_depthwise_cnn
+
+    path = quantized_depthwise_cnn(tmp_path)
+    ops = [n.op_type for n in onnx.load(path).graph.node]
+    mod, ex, cfg = _compile(path, "library")
+    text = mod.script(show_meta=False)
+    # Dense, depthwise and strided convolutions, and the head's MatMulInteger.
+    assert text.count(f'R.call_dps_packed("{od.QCONV_FUNC}"') == ops.count("ConvInteger") == 4
+    assert text.count(f'R.call_dps_packed("{od.QMATMUL_FUNC}"') == 1
+    # No convolution left, no quantize: the min/max -> scale chains went with them, and the
+    # transposes ConvertLayout put around each quantize cancel inside the calls.
+    assert "R.nn.conv2d(" not in text and "R.quantize(" not in text
+    assert "R.permute_dims(" not in text and "R.max(" not in text
+    assert all(c.dynamic and c.quantized and c.precision == "int8"
+               for c in cfg.dispatch_choices)
+    x = np.random.default_rng(2).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    _check_against_onnxruntime(path, ex, x)
+
+
+def test_residual_and_grouped_conv_integers_join_in_the_int8_call(tmp_path):
+    path = _residual_cnn(tmp_path)
+    mod, ex, _ = _compile(path, "library")
+    text = mod["main"].script(show_meta=False)
+    assert text.count(f'R.call_dps_packed("{od.QCONV_FUNC}"') == 3
+    assert "R.add(" not in text and "R.nn.relu(" not in text  # the join is a sum post-op
+    x = np.random.default_rng(3).standard_normal((1, 8, 12, 12)).astype(np.float32)
+    _check_against_onnxruntime(path, ex, x)
+
+
+def test_compile_summary_and_decision_name_the_int8_convolutions(tmp_path):
+    from click.testing import CliRunner
+
+    from tvmopt.cli.main import main
+    from tests.models import quantized_depthwise_cnn
+
+    path = quantized_depthwise_cnn(tmp_path)
+    out = CliRunner().invoke(main, ["compile", path, "--target", "host", "--dispatch",
+                                    "library", "-o", str(tmp_path / "art")])
+    assert out.exit_code == 0, out.output
+    assert "5 kernels on oneDNN (5 int8)" in out.output
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    (d,) = [d for d in manifest["precision"]["decisions"] if d["precision"] == "int8"]
+    assert d["action"] == "chosen"
+    assert "5 of 5 integer matmul/convolution library workload(s)" in d["reason"]

@@ -397,7 +397,7 @@ def library_passes(target, cfg, build_with, quiet) -> list:
         no_int8 = onednn.int8_unavailable(host_cpu_features())
         if no_int8 and mod.get_attr(onednn.QDQ_WEIGHTS_ATTR):
             note(f"QDQ model: this host has {no_int8}")
-        elif no_int8 and onednn.has_integer_matmul(mod):
+        elif no_int8 and (onednn.has_integer_matmul(mod) or onednn.has_integer_conv(mod)):
             note(f"dynamically quantized model: this host has {no_int8}")
         part = onednn.partition(mod, int8=no_int8 is None)
         compute = tuple(cfg.library_compute)

@@ -340,9 +340,16 @@ class _DynamicOperands(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if not _is(call, "relax.matmul") or str(call.attrs.out_dtype) != "int32":
+        if _is(call, "relax.matmul"):
+            if str(call.attrs.out_dtype) != "int32":
+                return call
+        elif not _int32_conv(call):
             return call
-        sub = _binding_of(self, call.args[0])
+        # A convolution's input may be transposed into its layout, and the quantize's input
+        # out of it (ConvertLayout's doing): those transposes are copied too.
+        into = _binding_of(self, call.args[0])
+        into = into if _is(call, "relax.nn.conv2d") and _is(into, "relax.permute_dims") else None
+        sub = _binding_of(self, into.args[0] if into is not None else call.args[0])
         if not _is(sub, "relax.subtract"):
             return call
         wide, zp = (_binding_of(self, a) for a in sub.args)
@@ -352,9 +359,13 @@ class _DynamicOperands(relax.PyExprMutator):
         if not _is(quant, "relax.quantize"):
             return call
         copy = lambda c, *args: relax.Call(c.op, list(args), c.attrs, c.ty_args)  # noqa: E731
-        q = copy(quant, *quant.args)
+        lead = _binding_of(self, quant.args[0]) if into is not None else None
+        data = copy(lead, *lead.args) if _is(lead, "relax.permute_dims") else quant.args[0]
+        q = copy(quant, data, *quant.args[1:])
         x = copy(sub, copy(wide, q), copy(zp, *zp.args))
-        return relax.Call(call.op, [x, call.args[1]], call.attrs, call.ty_args)
+        if into is not None:
+            x = copy(into, x)
+        return relax.Call(call.op, [x, *call.args[1:]], call.attrs, call.ty_args)
 
 
 def _private_dynamic(mod: tvm.IRModule) -> tvm.IRModule:
@@ -484,26 +495,43 @@ def _int8_weight():
     return is_op("relax.dequantize")(is_const(), is_const(), is_const())
 
 
+def _int8_input(permute: bool):
+    """dequantize of an 8-bit activation [-> transpose into the convolution's layout]: the
+    output of another int8 call, or of a quantize left outside (`lower` may take it in)."""
+    d = is_op("relax.dequantize")(wildcard(), is_const(), is_const())
+    return (is_op("relax.permute_dims")(d) if permute else d), None, d
+
+
 def _qconv_patterns():
     """conv2d of a QDQ input and an int8 weight [+bias] [+relu|clip] [QDQ of the output
     + residual [+relu]], largest first. The residual join of a QDQ ResNet block is
-    dequantize(quantize(conv)) + residual: post-ops of the int8 call instead of TVM kernels."""
+    dequantize(quantize(conv)) + residual: post-ops of the int8 call instead of TVM kernels.
+
+    Every chain starts at the dequantize of its 8-bit input (`_u8`), whoever wrote it: so
+    the quantize before it stays free for the chain that produces its input, whose output is
+    then quantized in its int8 call (`_q`), and consecutive int8 convolutions pass u8/s8
+    tensors, with no quantize / dequantize kernel between them. A quantize no call took, read
+    by one call only, goes into that call when it is lowered (fp32 in)."""
     pats = []
-    for res in (2, 1, 0):  # 2: residual then relu, 1: residual, 0: none
-        pats += [p for p in _qconv_chain_patterns(res)]
+    for res in (2, 1):  # 2: residual then relu, 1: residual
+        pats += [p for p in _qconv_chain_patterns(res, src_int8=True)]
+    pats += [p for p in _qconv_chain_patterns(0, src_int8=True, quantize_out=True)]
+    pats += [p for p in _qconv_chain_patterns(0, src_int8=True)]
     return pats
 
 
-def _qconv_chain_patterns(res: int):
+def _qconv_chain_patterns(res: int, src_int8: bool = False, quantize_out: bool = False):
     pats = []
     for act in ("relu", "clip", None):
         for bias in (True, False):
             for permute in (True, False):
-                x, q, d = _qdq_input(permute)
+                x, q, d = (_int8_input if src_int8 else _qdq_input)(permute)
                 w = _int8_weight()
                 conv = is_op("relax.nn.conv2d")(x, w)
-                ann = {"conv": conv, "quantize": q, "dequantize": d, "weight": w, "input": x}
-                out, name = conv, "qconv2d"
+                ann = {"conv": conv, "dequantize": d, "weight": w, "input": x}
+                if q is not None:
+                    ann["quantize"] = q
+                out, name = conv, "qconv2d_u8" if src_int8 else "qconv2d"
                 if bias:
                     out = is_op("relax.add")(out, is_const())
                     ann["bias"], name = out, name + "_bias"
@@ -520,6 +548,9 @@ def _qconv_chain_patterns(res: int):
                     if res == 2:
                         out = is_op("relax.nn.relu")(out)
                         ann["post"], name = out, name + "_relu"
+                if quantize_out:
+                    out = is_op("relax.quantize")(out, is_const(), is_const())
+                    ann["quantize_out"], name = out, name + "_q"
                 pats.append((_PREFIX + name, out, ann))
     return pats
 
@@ -580,6 +611,49 @@ def _dqmatmul_patterns():
                     out = is_op({"relu": "relax.nn.relu", "gelu": "relax.nn.gelu",
                                  "gelu_tanh": "relax.nn.gelu_tanh"}[act])(out)
                     ann["act"], name = out, name + "_" + act
+                pats.append((_PREFIX + name, out, ann))
+    return pats
+
+
+def _dqconv_patterns():
+    """ConvInteger of a dynamically quantized activation and a constant int8-valued weight, as
+    imported and moved to NHWC: [transpose to NCHW ->] quantize with the run-time (scale, zero
+    point) -> widen -> minus the zero point -> [transpose to NHWC ->] int32 conv2d, cast to
+    fp32, times x_scale * w_scale [+bias] [+relu|clip] [+residual [+relu]]. The transposes
+    around the quantize are ConvertLayout's (relax.quantize has no layout rule): taken into the
+    call, they cancel."""
+    pats = []
+    for res in (2, 1, 0):  # 2: residual then relu, 1: residual, 0: none
+        for act in ("relu", "clip", None):
+            for bias in (True, False):
+                x = is_op("relax.permute_dims")(wildcard()) | wildcard()
+                scale, zp = wildcard(), wildcard()
+                q = is_op("relax.quantize")(x, scale, zp)
+                d = is_op("relax.subtract")(is_op("relax.astype")(q), is_op("relax.astype")(zp))
+                d = is_op("relax.permute_dims")(d) | d
+                w = is_const() | is_op("relax.subtract")(is_const(),
+                                                         is_op("relax.astype")(is_const()))
+                w = is_op("relax.permute_dims")(w) | w
+                conv = is_op("relax.nn.conv2d")(d, w)
+                f = is_op("relax.astype")(conv)
+                sc = is_op("relax.multiply")(scale, is_const())
+                out = is_op("relax.multiply")(f, sc) | is_op("relax.multiply")(sc, f)
+                ann = {"conv": conv, "quantize": q, "input": d, "weight": w, "scales": sc,
+                       "scaled": out}
+                name = "qconv2d_dynamic"
+                if bias:
+                    out = is_op("relax.add")(out, is_const()) | is_op("relax.add")(is_const(), out)
+                    ann["bias"], name = out, name + "_bias"
+                if act:
+                    out = _act_patterns(out)[act]
+                    ann["act"], name = out, name + "_" + act
+                if res:
+                    r = wildcard()
+                    out = is_op("relax.add")(out, r) | is_op("relax.add")(r, out)
+                    ann["res"], name = out, name + "_res"
+                    if res == 2:
+                        out = is_op("relax.nn.relu")(out)
+                        ann["post"], name = out, name + "_relu"
                 pats.append((_PREFIX + name, out, ann))
     return pats
 
@@ -781,16 +855,34 @@ def _int8_weight_ok(w, out_axis: int, ndim: int) -> bool:
                                and scale.size == q.shape[out_axis])
 
 
+def _per_tensor_int8(q, dtype_of) -> bool:
+    """A quantize / dequantize to or from u8/s8 with one constant scale (> 0) and zero point."""
+    s, z = _const_array(q.args[1]), _const_array(q.args[2])
+    return (dtype_of in ("uint8", "int8") and s is not None and z is not None and s.size == 1
+            and z.size == 1 and float(s.reshape(())) > 0)
+
+
 def _check_qconv(ctx) -> bool:
     if _leaks(ctx):
         return False
     ann = ctx.annotated_expr
     conv = ann["conv"]
     a = conv.attrs
-    if not _conv_layouts_ok(a):
+    if not _conv_layouts_ok(a) or a.out_dtype not in (None, "", "float32"):
         return False
-    if a.out_dtype not in (None, "", "float32") or not _qdq_pair_ok(ann):
-        return False
+    if "quantize" in ann:
+        if not _qdq_pair_ok(ann) or len(_static_f32_shape(ann["quantize"].args[0]) or []) != 4:
+            return False
+    else:  # the 8-bit tensor another call (or a quantize outside) wrote
+        d = ann["dequantize"]
+        src = d.args[0]
+        if not _per_tensor_int8(d, str(getattr(src.ty, "dtype", ""))) or \
+                len(_static_shape(src) or []) != 4:
+            return False
+    if "quantize_out" in ann:
+        oq = ann["quantize_out"]
+        if not _per_tensor_int8(oq, str(oq.attrs.out_dtype)) or _static_shape(oq) is None:
+            return False
     x = ann["input"]
     if _is(x, "relax.permute_dims") and (
             a.data_layout != "NHWC" or [int(i) for i in x.attrs.axes] != [0, 2, 3, 1]):
@@ -798,7 +890,7 @@ def _check_qconv(ctx) -> bool:
     if not _int8_weight_ok(ann["weight"], a.kernel_layout.index("O"), 4):
         return False
     out_s = _static_f32_shape(conv)
-    if out_s is None or len(_static_f32_shape(ann["quantize"].args[0]) or []) != 4:
+    if out_s is None:
         return False
     c_axis = a.data_layout.index("C")
     if "bias" in ann:
@@ -870,6 +962,89 @@ def _check_dqmatmul(ctx) -> bool:
     return str(mm.attrs.out_dtype) == "int32"
 
 
+def _static_shape(e) -> list[int] | None:
+    """A tensor's static dims, whatever its type; None if any is symbolic or unknown."""
+    shape = getattr(e.ty, "shape", None)
+    if not isinstance(shape, relax.ShapeExpr) or not all(
+            isinstance(d, tvm.tirx.IntImm) for d in shape.values):
+        return None
+    return [int(d) for d in shape.values]
+
+
+def _int_weight(e, look):
+    """The integer weight a dynamic conv pattern matched (a constant [minus its zero point]
+    [transposed]), as an array in the convolution's kernel layout; None unless the zero point
+    is 0 (an s8 oneDNN weight has none). `look` maps a var to its bound value."""
+    e = look(e)
+    arr = _const_array(e)
+    if arr is not None:
+        return arr
+    if _is(e, "relax.permute_dims"):
+        inner = _int_weight(e.args[0], look)
+        if inner is None:
+            return None
+        axes = e.attrs.axes
+        return inner.transpose([int(i) for i in axes] if axes is not None else None)
+    if _is(e, "relax.subtract"):
+        w, wide = _const_array(look(e.args[0])), look(e.args[1])
+        zp = _const_array(look(wide.args[0])) if _is(wide, "relax.astype") else None
+        return w if w is not None and zp is not None and not zp.any() else None
+    return None
+
+
+def _check_dqconv(ctx) -> bool:
+    if _leaks(ctx):
+        return False
+    ann = ctx.annotated_expr
+    conv, q = ann["conv"], ann["quantize"]
+    a = conv.attrs
+    look = lambda e: ctx.matched_bindings.get(e, e)  # noqa: E731
+    if not _conv_layouts_ok(a) or str(q.attrs.out_dtype) != "uint8":
+        return False
+    if not _int32_conv(conv) or _static_f32_shape(q.args[0]) is None:
+        return False
+    # The data's layout as the call sees it: the transposes around the quantize cancel, or
+    # only the one into the NHWC convolution is there (the data is then NCHW).
+    lead, inp = look(q.args[0]), ann["input"]
+    to_nchw = _is(lead, "relax.permute_dims")
+    to_nhwc = _is(inp, "relax.permute_dims")
+    if to_nchw and [int(i) for i in lead.attrs.axes] != [0, 3, 1, 2]:
+        return False
+    if to_nchw and not to_nhwc:
+        return False
+    if to_nhwc and (a.data_layout != "NHWC" or [int(i) for i in inp.attrs.axes] != [0, 2, 3, 1]):
+        return False
+    w = _int_weight(ann["weight"], look)
+    w_shape, out_shape = _static_shape(conv.args[1]), _static_shape(conv)
+    if not _int8_valued(w) or w_shape is None or list(w.shape) != w_shape or out_shape is None:
+        return False
+    c_axis = a.data_layout.index("C")
+    n = out_shape[c_axis]
+    wscale = _const_array(_other_operand(ann["scales"], q.args[1], ctx))
+    if wscale is None or wscale.dtype != np.float32 or wscale.size not in (1, n):
+        return False
+    chain = ann["scaled"]
+    if "bias" in ann:
+        bias = _other_operand(ann["bias"], chain, ctx)
+        if _const_array(bias) is None or not _bias_ok(bias, n, 4, c_axis):
+            return False
+        chain = ann["bias"]
+    if "act" in ann:
+        if ann["act"].op.name in ("relax.clip", "relax.minimum") and \
+                _clip_bounds(ann["act"], ctx) is None:
+            return False
+        chain = ann["act"]
+    if "res" in ann:
+        other = _other_operand(ann["res"], chain, ctx)
+        # A residual made inside the match, or one that broadcasts, is not a sum post-op; a
+        # constant one would read as the bias.
+        if other is None or _static_f32_shape(other) != out_shape or \
+                _const_array(other) is not None or \
+                any(other.same_as(v) for v in ctx.matched_bindings.keys()):
+            return False
+    return True
+
+
 # --------------------------------------------------------------------------------------------
 # Rewriting composite functions into call_dps_packed
 # --------------------------------------------------------------------------------------------
@@ -897,6 +1072,7 @@ class _Lower(relax.PyExprMutator):
         self.layout = layout
         self.compute = compute  # GlobalVar -> "fp32" | "bf16"
         self.bf16_of = {}  # an fp32 operand -> its bf16 copy, within the current block
+        self.uses = {}  # var -> number of uses in the function being lowered
 
     def visit_binding_block_(self, block):
         self.bf16_of = {}  # a copy made in one block is not visible in the next
@@ -920,6 +1096,8 @@ class _Lower(relax.PyExprMutator):
         ops = _composite_ops(func)
         if str(comp).startswith(_PREFIX + "qmatmul_dynamic"):
             return self._dynamic(env, ops, call)
+        if str(comp).startswith(_PREFIX + "qconv2d_dynamic"):
+            return self._dynamic_conv(env, ops, call)
         if str(comp).startswith(_PREFIX + "q"):
             return self._quantized(env, ops, call)
         compute = COMPUTE[self.compute.get(call.op, "fp32")]
@@ -1017,15 +1195,27 @@ class _Lower(relax.PyExprMutator):
                                   if c.op.name in ("relax.nn.conv2d", "relax.matmul"))
         x, wdq = (values.get(e, e) for e in anchor.args[:2])
         src_nchw = int(x.op.name == "relax.permute_dims")
-        quant = values[(values[x.args[0]] if src_nchw else x).args[0]]
-        scale, zp = float(const(quant.args[1]).reshape(())), int(const(quant.args[2]).reshape(()))
-        signed = int(str(quant.attrs.out_dtype) == "int8")
-        data = self._resolve(env, quant.args[0])
+        deq = values[x.args[0]] if src_nchw else x
+        quant = values.get(deq.args[0])  # None: the composite starts at the dequantize
+        src_int8 = int(quant is None)
+        if quant is not None:
+            scale, zp = (float(const(quant.args[1]).reshape(())),
+                         int(const(quant.args[2]).reshape(())))
+            signed = int(str(quant.attrs.out_dtype) == "int8")
+            data = self._resolve(env, quant.args[0])
+        else:
+            scale, zp = float(const(deq.args[1]).reshape(())), int(const(deq.args[2]).reshape(()))
+            data = self._resolve(env, deq.args[0])
+            signed = int(str(data.ty.dtype) == "int8")
+            fp32 = self._single_use_quantize(data, scale, zp, signed)
+            if fp32 is not None:  # quantized in the call instead, as the QDQ patterns do
+                data, src_int8 = fp32, 0
         weight = relax.const(const(wdq.args[0]), "int8")
         wscale = relax.const(const(wdq.args[1]).reshape(-1).astype(np.float32), "float32")
         bias = residual = None
         act, lo, hi = ACT_NONE, -np.inf, np.inf
         out_q, post_relu = [0, 0, 0], 0  # signed, scale bits, zero point of the output QDQ
+        dst_q = None  # the same of a quantize ending the chain: the call's output is 8-bit
         seen, prev = False, anchor_var
         for var, val in ops:
             if var.same_as(anchor_var):
@@ -1036,9 +1226,13 @@ class _Lower(relax.PyExprMutator):
             name = val.op.name
             last, prev = prev, var
             if name == "relax.quantize":
-                out_q = [int(str(val.attrs.out_dtype) == "int8"),
-                         _f32_bits(float(const(val.args[1]).reshape(()))),
-                         int(const(val.args[2]).reshape(()))]
+                q_attrs = [int(str(val.attrs.out_dtype) == "int8"),
+                           _f32_bits(float(const(val.args[1]).reshape(()))),
+                           int(const(val.args[2]).reshape(()))]
+                if var.same_as(ops[-1][0]):
+                    dst_q = q_attrs
+                else:
+                    out_q = q_attrs
             elif name == "relax.dequantize":
                 continue
             elif name == "relax.add" and residual is None and out_q[1]:
@@ -1070,9 +1264,26 @@ class _Lower(relax.PyExprMutator):
                  int(a.dilation[1]), int(a.groups), int(bias is not None), act, _f32_bits(lo),
                  _f32_bits(hi), int(a.data_layout == "NHWC") + int(a.kernel_layout == "HWIO"),
                  src_nchw, *quant_attrs]
-        if residual is not None:
-            attrs += [1, *out_q, post_relu]
+        if residual is not None or src_int8 or dst_q:
+            attrs += [int(residual is not None), *out_q, post_relu]
+        if src_int8 or dst_q:
+            attrs += [0, src_int8, int(dst_q is not None), *(dst_q or [0, 0, 0])]
         return relax.call_dps_packed(QCONV_FUNC, [*args, relax.ShapeExpr(attrs)], call.ty)
+
+    def _single_use_quantize(self, data, scale: float, zp: int, signed: int):
+        """The fp32 input of the per-tensor quantize that wrote `data` with these parameters
+        when the call is its only reader (so it need not exist on its own); None otherwise."""
+        if self.uses.get(data, 0) != 1:
+            return None
+        q = _binding_of(self, data)
+        if not _is(q, "relax.quantize") or _static_f32_shape(q.args[0]) is None:
+            return None
+        s, z = _const_array(q.args[1]), _const_array(q.args[2])
+        if s is None or z is None or s.size != 1 or z.size != 1:
+            return None
+        same = (float(s.reshape(())) == scale and int(z.reshape(())) == zp
+                and int(str(q.attrs.out_dtype) == "int8") == signed)
+        return q.args[0] if same else None
 
     def _dynamic(self, env, ops, call):
         """A qmatmul_dynamic composite -> qmatmul with the input's quantization computed in
@@ -1105,6 +1316,68 @@ class _Lower(relax.PyExprMutator):
         # trans_b, has_bias, act, src signed / scale / zero point (unused), dynamic
         attrs = [0, int(bias is not None), act, 0, 0, 0, 1]
         return relax.call_dps_packed(QMATMUL_FUNC, [*args, relax.ShapeExpr(attrs)], call.ty)
+
+    def _dynamic_conv(self, env, ops, call):
+        """A qconv2d_dynamic composite -> qconv2d quantizing its input at run time (kQDynamic);
+        the graph's min/max -> scale chain outside becomes dead code."""
+        values = dict(ops)
+        look = lambda e: values.get(e, self._resolve(env, e))  # noqa: E731
+        const = lambda e: _const_array(look(e))  # noqa: E731
+        quant = next(c for _, c in ops if c.op.name == "relax.quantize")
+        conv_var, conv = next((v, c) for v, c in ops if c.op.name == "relax.nn.conv2d")
+        lead = values.get(quant.args[0])
+        lead = lead if lead is not None and lead.op.name == "relax.permute_dims" else None
+        data = self._resolve(env, lead.args[0] if lead is not None else quant.args[0])
+        inp = values.get(conv.args[0])
+        src_nchw = int(lead is None and inp.op.name == "relax.permute_dims")
+        weight = relax.const(_int_weight(conv.args[1], look).astype(np.int8), "int8")
+        # x_scale * w_scale, wherever it is bound
+        sc = next(c for _, c in ops if c.op.name == "relax.multiply"
+                  and any(a.same_as(quant.args[1]) for a in c.args))
+        wscale = const(next(a for a in sc.args if not a.same_as(quant.args[1])))
+        wscale = wscale.reshape(-1).astype(np.float32)
+        bias = residual = None
+        act, lo, hi, post_relu = ACT_NONE, -np.inf, np.inf, 0
+        seen = False
+        for var, val in ops:
+            if var.same_as(conv_var):
+                seen = True
+                continue
+            name = val.op.name
+            if not seen or val.same_as(sc) or name in ("relax.astype", "relax.multiply"):
+                continue
+            if name == "relax.add":
+                consts = [a for a in val.args if const(a) is not None]
+                if consts and bias is None and residual is None and act == ACT_NONE:
+                    bias = relax.const(const(consts[0]).reshape(-1).astype(np.float32),
+                                       "float32")
+                else:
+                    residual = next(self._resolve(env, a) for a in val.args
+                                    if not any(a.same_as(v) for v in values))
+            elif name == "relax.nn.relu":
+                if residual is not None:
+                    post_relu = 1
+                else:
+                    act = ACT_RELU
+            elif name == "relax.clip":
+                act, lo, hi = ACT_CLIP, _scalar(val.args[1]), _scalar(val.args[2])
+            elif name == "relax.maximum":
+                act, lo = ACT_CLIP, _scalar(self._resolve(env, val.args[1]))
+            elif name == "relax.minimum":
+                act, hi = ACT_CLIP, _scalar(self._resolve(env, val.args[1]))
+            else:
+                raise ValueError(f"unexpected op {name} in oneDNN dynamic int8 conv composite")
+        args = [data, weight, relax.const(wscale, "float32")]
+        args += [t for t in (bias, residual) if t is not None]
+        a = conv.attrs
+        pad = [int(p) for p in a.padding]
+        attrs = [int(a.strides[0]), int(a.strides[1]), *pad, int(a.dilation[0]),
+                 int(a.dilation[1]), int(a.groups), int(bias is not None), act, _f32_bits(lo),
+                 _f32_bits(hi), int(a.data_layout == "NHWC") + int(a.kernel_layout == "HWIO"),
+                 src_nchw, 0, 0, 0,
+                 # a plain residual (no output QDQ: out scale 0), then the dynamic flag
+                 int(residual is not None), 0, 0, 0, post_relu, 1, 0, 0, 0, 0, 0]
+        return relax.call_dps_packed(QCONV_FUNC, [*args, relax.ShapeExpr(attrs)], call.ty)
 
     def _matmul(self, env, ops, call, compute):
         (mm_var, mm), rest = ops[0], ops[1:]
@@ -1304,6 +1577,27 @@ def has_integer_matmul(mod: tvm.IRModule) -> bool:
     return bool(found)
 
 
+def _int32_conv(e) -> bool:
+    if not _is(e, "relax.nn.conv2d"):
+        return False
+    out = str(e.attrs.out_dtype or "")  # "" / None: the input's type
+    return (out or str(e.args[0].ty.dtype)) == "int32"
+
+
+def has_integer_conv(mod: tvm.IRModule) -> bool:
+    """The module has int32 convolutions (a dynamically quantized model's ConvInteger)."""
+    found = []
+
+    def visit(e):
+        if _int32_conv(e):
+            found.append(e)
+
+    for f in mod.functions.values():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, visit)
+    return bool(found)
+
+
 def partition(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,
               nhwc: bool = False, int8: bool = False) -> tvm.IRModule:
     """Group every chain oneDNN can take into a composite function (one per call site), for
@@ -1331,11 +1625,15 @@ def partition(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,
         mod = tvm.ir.transform.Sequential([relax.transform.FoldConstant(),
                                            relax.transform.EliminateCommonSubexpr(),
                                            relax.transform.DeadCodeElimination()])(mod)
-    if int8 and matmul and has_integer_matmul(mod):
-        # onnxruntime quantize_dynamic models: MatMulInteger on a DynamicQuantizeLinear input.
+    dynamic_conv = int8 and conv and has_integer_conv(mod)
+    if dynamic_conv or (int8 and matmul and has_integer_matmul(mod)):
+        # onnxruntime quantize_dynamic models: MatMulInteger / ConvInteger on a
+        # DynamicQuantizeLinear input.
         mod = _private_dynamic(mod)
-        pats = [relax.transform.FusionPattern(n, p, ann, _check_dqmatmul)
-                for n, p, ann in _dqmatmul_patterns()]
+        pats = [relax.transform.FusionPattern(n, p, ann, _check_dqconv)
+                for n, p, ann in (_dqconv_patterns() if dynamic_conv else [])]
+        pats += [relax.transform.FusionPattern(n, p, ann, _check_dqmatmul)
+                 for n, p, ann in (_dqmatmul_patterns() if matmul else [])]
         mod = relax.transform.FuseOpsByPattern(pats, bind_constants=False)(mod)
         mod = tvm.ir.transform.Sequential([relax.transform.EliminateCommonSubexpr(),
                                            relax.transform.DeadCodeElimination()])(mod)
@@ -1397,6 +1695,7 @@ def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO,
         if isinstance(func, relax.Function) and gv not in groups:
             if back:
                 func = func.inline_functions(back)
+            lowered.uses = _use_counts(func)
             mod[gv] = lowered.visit_expr(func)
     mod = _bf16_outputs(mod)
     if back:
@@ -1420,8 +1719,10 @@ def is_quantized(func: relax.Function) -> bool:
 
 
 def is_dynamic(func: relax.Function) -> bool:
-    """A composite for a dynamically quantized integer matmul (qmatmul_dynamic)."""
-    return str(func.attrs.get("Composite", "")).startswith(_PREFIX + "qmatmul_dynamic")
+    """A composite for a dynamically quantized integer matmul or convolution
+    (qmatmul_dynamic, qconv2d_dynamic)."""
+    return str(func.attrs.get("Composite", "")).startswith(
+        (_PREFIX + "qmatmul_dynamic", _PREFIX + "qconv2d_dynamic"))
 
 
 def dispatch_onednn(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,

@@ -5,6 +5,8 @@
 //   tvmopt.onednn.conv2d(data, weight, [bias], [residual], attrs, out)
 //   tvmopt.onednn.matmul(a, b, [bias], attrs, out)
 //   tvmopt.onednn.qconv2d(data, weight_s8, weight_scales, [bias], [residual], attrs, out)
+//     (data and out fp32, or u8/s8 with attrs kQSrcInt8 / kQDstQuant; kQDynamic: data is
+//     quantized with its own min/max, for quantize_dynamic's ConvInteger)
 //   tvmopt.onednn.qmatmul(a, b_s8, b_scales, [bias], attrs, out)
 //     (attrs kQMDynamic = 1: a's scale and zero point are computed in the call, as ONNX
 //     DynamicQuantizeLinear does, for onnxruntime's quantize_dynamic models)
@@ -89,7 +91,18 @@ enum QConvAttr {
   // Optional tail (artifacts from before it have kQConvBaseAttrs entries): the QDQ pair on the
   // output, then `+ residual [-> relu]`, as post-ops, so a residual block's join is no separate
   // kernel: out = [relu](dequantize(quantize(conv_out, out_scale, out_zp)) + residual).
-  kQHasRes = kQConvBaseAttrs, kQOutSigned, kQOutScale, kQOutZp, kQPostRelu, kQConvNumAttrs
+  kQHasRes = kQConvBaseAttrs, kQOutSigned, kQOutScale, kQOutZp, kQPostRelu, kQResAttrs,
+  // (kQOutScale 0: a plain `+ residual`, no QDQ pair before it.)
+  // Second optional tail (artifacts from before it have kQResAttrs entries, meaning 0):
+  // kQDynamic: data is fp32 quantized to u8 with a scale and zero point computed from its own
+  // min/max at every call (ONNX DynamicQuantizeLinear + ConvInteger; kQSrcScale / kQSrcZp
+  // unused). kQSrcInt8: data already is the u8/s8 tensor (kQSrcSigned) whose scale and zero
+  // point kQSrcScale / kQSrcZp give, so it is only reordered if the primitive wants another
+  // layout. kQDstQuant: the output is quantized in the call (QuantizeLinear folded into
+  // oneDNN's destination scale and zero point), u8 or s8 (kQDstSigned), so consecutive int8
+  // convolutions pass 8-bit tensors with no quantize / dequantize kernel between them.
+  kQDynamic = kQResAttrs, kQSrcInt8, kQDstQuant, kQDstSigned, kQDstScale, kQDstZp,
+  kQConvNumAttrs
 };
 // Int8 matmul attrs (qmatmul): b is a constant s8 (K, N), or (N, K) with trans_b.
 // kQMDynamic (optional tail; older artifacts have kQMBaseAttrs entries, meaning 0): a is
@@ -276,6 +289,14 @@ std::string TypesKey(std::initializer_list<dt> types) {
   return k;
 }
 
+void CheckInt8Contig(const TensorView& t, bool is_signed, const char* what) {
+  TVM_FFI_ICHECK(t.dtype().code == (is_signed ? kDLInt : kDLUInt) && t.dtype().bits == 8 &&
+                 t.dtype().lanes == 1)
+      << what << " must be " << (is_signed ? "int8" : "uint8");
+  TVM_FFI_ICHECK(t.IsContiguous()) << what << " must be contiguous";
+  TVM_FFI_ICHECK(t.device().device_type == kDLCPU) << what << " must be on CPU";
+}
+
 tag PlainTag(int nd) {
   switch (nd) {
     case 2: return tag::ab;
@@ -368,8 +389,11 @@ struct QuantEntry {
   dnnl::reorder quantize;
   memory::desc user_src_md, user_dst_md, dst_md;
   memory src_buf, dst_buf, weights;
-  memory src_scale, wei_scale, src_zp;
+  memory src_scale, wei_scale, src_zp, dst_scale, dst_zp;
   bool has_zp = false, reorder_dst = false;
+  // src_int8: the source arrives quantized; `quantize` is then only a layout reorder, run when
+  // reorder_src. dst_quant: the output is u8/s8 (destination scale, and zero point if has_dst_zp).
+  bool src_int8 = false, reorder_src = true, dst_quant = false, has_dst_zp = false;
   std::vector<float> fingerprint;
 };
 
@@ -642,6 +666,14 @@ memory ScalarMemory(const dnnl::engine& eng, dt type, const void* value, int64_t
 // The quantize step of the QDQ graph as a reorder: round(x / scale) + zero_point, saturated
 // to the int8 type of `to` (oneDNN rounds to nearest even, as QuantizeLinear does).
 void MakeQuantize(QuantEntry* e, const dnnl::engine& eng, const memory::desc& to) {
+  if (e->src_int8) {
+    e->reorder_src = e->user_src_md != to;
+    if (e->reorder_src) {
+      e->quantize = dnnl::reorder(dnnl::reorder::primitive_desc(eng, e->user_src_md, eng, to));
+      e->src_buf = memory(to, eng);
+    }
+    return;
+  }
   dnnl::primitive_attr ra;
   ra.set_scales_mask(DNNL_ARG_DST, 0);
   if (e->has_zp) ra.set_zero_points_mask(DNNL_ARG_DST, 0);
@@ -663,14 +695,22 @@ void RunQuant(QuantEntry* e, const TensorView& data, const TensorView& out,
               const std::optional<TensorView>& residual = std::nullopt) {
   Runtime& rt = GetRuntime();
   memory user_src(e->user_src_md, rt.eng, DataPtr(data));
-  std::unordered_map<int, memory> qargs{{DNNL_ARG_FROM, user_src}, {DNNL_ARG_TO, e->src_buf},
-                                        {DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, e->src_scale}};
-  if (e->has_zp) qargs[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = e->src_zp;
-  e->quantize.execute(rt.strm, qargs);
+  memory src = e->src_buf;
+  if (!e->src_int8) {
+    std::unordered_map<int, memory> qargs{{DNNL_ARG_FROM, user_src}, {DNNL_ARG_TO, e->src_buf},
+                                          {DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, e->src_scale}};
+    if (e->has_zp) qargs[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = e->src_zp;
+    e->quantize.execute(rt.strm, qargs);
+  } else if (e->reorder_src) {
+    e->quantize.execute(rt.strm, user_src, e->src_buf);
+  } else {
+    src = user_src;
+  }
   memory user_dst(e->user_dst_md, rt.eng, DataPtr(out));
   memory dst = e->reorder_dst ? e->dst_buf : user_dst;
   if (residual) {
     // The sum post-op accumulates into dst, so dst starts as the residual.
+    TVM_FFI_ICHECK(!e->dst_quant) << "a residual needs an fp32 output";
     CheckF32Contig(*residual, "residual");
     memory user_res(e->user_dst_md, rt.eng, DataPtr(*residual));
     if (e->reorder_dst) {
@@ -680,10 +720,12 @@ void RunQuant(QuantEntry* e, const TensorView& data, const TensorView& out,
     }
   }
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, e->src_buf}, {DNNL_ARG_WEIGHTS, e->weights}, {DNNL_ARG_DST, dst},
+      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, e->weights}, {DNNL_ARG_DST, dst},
       {DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, e->src_scale},
       {DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, e->wei_scale}};
   if (e->has_zp) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] = e->src_zp;
+  if (e->dst_quant) args[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = e->dst_scale;
+  if (e->has_dst_zp) args[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST] = e->dst_zp;
   if (bias) {
     CheckF32Contig(*bias, "bias");
     args[DNNL_ARG_BIAS] = memory(bias_md, rt.eng, DataPtr(*bias));
@@ -718,11 +760,18 @@ std::shared_ptr<QuantEntry> CreateQConv(const TensorView& data, const TensorView
   }
   TVM_FFI_ICHECK(wscales.numel() == 1 || wscales.numel() == w_dims[0])
       << "weight scales must be one per tensor or one per output channel";
-  e->has_zp = a[kQSrcZp] != 0;
-  e->user_src_md = memory::desc(src_dims, dt::f32, src_nchw ? tag::nchw : tag::nhwc);
-  e->user_dst_md = memory::desc(dst_dims, dt::f32, nhwc ? tag::nhwc : tag::nchw);
-  dt sdt = a[kQSrcSigned] ? dt::s8 : dt::u8;
-  memory::desc src_any(src_dims, sdt, tag::any), dst_any(dst_dims, dt::f32, tag::any);
+  bool dynamic = a[kQDynamic] != 0;
+  // A dynamic call's zero point is known only at run time: always a primitive input.
+  e->has_zp = dynamic || a[kQSrcZp] != 0;
+  e->src_int8 = a[kQSrcInt8] != 0;
+  e->dst_quant = a[kQDstQuant] != 0;
+  e->has_dst_zp = e->dst_quant && a[kQDstZp] != 0;
+  dt sdt = a[kQSrcSigned] && !dynamic ? dt::s8 : dt::u8;
+  dt ddt = !e->dst_quant ? dt::f32 : a[kQDstSigned] ? dt::s8 : dt::u8;
+  e->user_src_md = memory::desc(src_dims, e->src_int8 ? sdt : dt::f32,
+                                src_nchw ? tag::nchw : tag::nhwc);
+  e->user_dst_md = memory::desc(dst_dims, ddt, nhwc ? tag::nhwc : tag::nchw);
+  memory::desc src_any(src_dims, sdt, tag::any), dst_any(dst_dims, ddt, tag::any);
   memory::desc w_any(wg_dims, dt::s8, tag::any);
   memory::desc b_md = a[kQHasBias] ? memory::desc({dst_dims[1]}, dt::f32, tag::x)
                                    : memory::desc();
@@ -733,10 +782,12 @@ std::shared_ptr<QuantEntry> CreateQConv(const TensorView& data, const TensorView
     // (clip(round(x / s) + zp, qmin, qmax) - zp) * s; then the residual, then relu.
     float s = BitsToFloat(a[kQOutScale]), zp = static_cast<float>(a[kQOutZp]);
     float qmin = a[kQOutSigned] ? -128.f : 0.f, qmax = a[kQOutSigned] ? 127.f : 255.f;
-    po.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f / s, zp);
-    po.append_eltwise(dnnl::algorithm::eltwise_round, 0.f, 0.f);
-    po.append_eltwise(dnnl::algorithm::eltwise_clip, qmin, qmax);
-    po.append_eltwise(dnnl::algorithm::eltwise_linear, s, -zp * s);
+    if (a[kQOutScale] != 0) {
+      po.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f / s, zp);
+      po.append_eltwise(dnnl::algorithm::eltwise_round, 0.f, 0.f);
+      po.append_eltwise(dnnl::algorithm::eltwise_clip, qmin, qmax);
+      po.append_eltwise(dnnl::algorithm::eltwise_linear, s, -zp * s);
+    }
     po.append_sum(1.f);
     if (a[kQPostRelu]) po.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
   }
@@ -745,6 +796,8 @@ std::shared_ptr<QuantEntry> CreateQConv(const TensorView& data, const TensorView
   attr.set_scales_mask(DNNL_ARG_SRC, 0);
   attr.set_scales_mask(DNNL_ARG_WEIGHTS, wei_mask);
   if (e->has_zp) attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+  if (e->dst_quant) attr.set_scales_mask(DNNL_ARG_DST, 0);
+  if (e->has_dst_zp) attr.set_zero_points_mask(DNNL_ARG_DST, 0);
   memory::dims strides{a[kQStrideH], a[kQStrideW]};
   memory::dims dil{a[kQDilH] - 1, a[kQDilW] - 1};
   memory::dims pad_l{a[kQPadT], a[kQPadL]}, pad_r{a[kQPadB], a[kQPadR]};
@@ -763,14 +816,25 @@ std::shared_ptr<QuantEntry> CreateQConv(const TensorView& data, const TensorView
   dnnl::reorder(user_w, e->weights).execute(rt.strm, user_w, e->weights);
   rt.strm.wait();
   SetQuantParams(e.get(), rt.eng, a[kQSrcScale], a[kQSrcZp], wscales);
+  if (e->dst_quant) {
+    float s = BitsToFloat(a[kQDstScale]);
+    int32_t z = static_cast<int32_t>(a[kQDstZp]);
+    e->dst_scale = ScalarMemory(rt.eng, dt::f32, &s);
+    e->dst_zp = ScalarMemory(rt.eng, dt::s32, &z);
+  }
   return e;
 }
+
+void DynamicQuantParams(const float* x, int64_t n, float* scale, int32_t* zp);
 
 void QConv2d(PackedArgs args, tvm::ffi::Any* rv) {
   int n = args.size();
   TVM_FFI_ICHECK_GE(n, 5) << "qconv2d(data, weight, weight_scales, [bias], [residual], attrs, out)";
   std::vector<int64_t> a = ReadAttrs(args[n - 2]);
-  if (a.size() == static_cast<size_t>(kQConvBaseAttrs)) a.resize(kQConvNumAttrs, 0);
+  if (a.size() == static_cast<size_t>(kQConvBaseAttrs) ||
+      a.size() == static_cast<size_t>(kQResAttrs)) {
+    a.resize(kQConvNumAttrs, 0);
+  }
   TVM_FFI_ICHECK_EQ(a.size(), static_cast<size_t>(kQConvNumAttrs)) << "bad qconv2d attrs";
   bool has_bias = a[kQHasBias] != 0, has_res = a[kQHasRes] != 0;
   TVM_FFI_ICHECK_EQ(n, 5 + has_bias + has_res) << "qconv2d arg count does not match attrs";
@@ -782,10 +846,19 @@ void QConv2d(PackedArgs args, tvm::ffi::Any* rv) {
   std::optional<TensorView> residual;
   if (has_res) residual = args[3 + has_bias].cast<TensorView>();
   TensorView out = args[n - 1].cast<TensorView>();
-  CheckF32Contig(data, "data");
-  CheckF32Contig(out, "out");
+  if (a[kQSrcInt8]) {
+    CheckInt8Contig(data, a[kQSrcSigned] != 0, "data");
+  } else {
+    CheckF32Contig(data, "data");
+  }
+  if (a[kQDstQuant]) {
+    CheckInt8Contig(out, a[kQDstSigned] != 0, "out");
+  } else {
+    CheckF32Contig(out, "out");
+  }
   CheckInt8Weight(weight, wscales);
   TVM_FFI_ICHECK(data.ndim() == 4 && weight.ndim() == 4 && out.ndim() == 4) << "qconv2d is 2-D";
+  TVM_FFI_ICHECK(!(a[kQDynamic] && a[kQSrcInt8])) << "a dynamic qconv2d quantizes fp32 data";
 
   std::lock_guard<std::mutex> lock(g_mu);
   ApplyThreads();
@@ -794,6 +867,12 @@ void QConv2d(PackedArgs args, tvm::ffi::Any* rv) {
   std::shared_ptr<QuantEntry> e = Cached(&g_quant_cache, key, wptr, weight.numel(), [&] {
     return CreateQConv(data, weight, wscales, out, a);
   });
+  if (a[kQDynamic]) {
+    // The scale and zero point memories feed both the quantizing reorder and the convolution.
+    DynamicQuantParams(static_cast<const float*>(DataPtr(data)), data.numel(),
+                       static_cast<float*>(e->src_scale.get_data_handle()),
+                       static_cast<int32_t*>(e->src_zp.get_data_handle()));
+  }
   memory::desc b_md;
   if (has_bias) b_md = memory::desc({bias->numel()}, dt::f32, tag::x);
   RunQuant(e.get(), data, out, bias, b_md, residual);

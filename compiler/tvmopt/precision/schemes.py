@@ -128,12 +128,17 @@ class IntegerMatmul(Scheme):
         if chosen:
             dot = ", ".join(hw.fast_instructions("int8")) or "no int8 dot-product instructions"
             sites = sum(c.sites for c in chosen)
+            # ConvInteger workloads are qconv2d_dynamic*, MatMulInteger ones qmatmul_dynamic*
+            kinds = {"convolution" if c.kernel.startswith("qconv") else "matmul"
+                     for c in offered}
+            kind = "/".join(sorted(kinds, reverse=True))
             ctx.model_precision = "int8"
             ctx.decide("int8", "chosen", f"dynamically quantized model: int8 compute chosen for "
-                       f"{len(chosen)} of {len(offered)} integer matmul library workload(s) "
+                       f"{len(chosen)} of {len(offered)} integer {kind} library workload(s) "
                        f"({sites} call site(s), oneDNN int8 kernels quantizing their input at "
                        f"run time; {hw.name} has {dot}), each where it timed faster than "
-                       "codegen; the other integer matmuls are computed in fp32")
+                       "codegen; " + ("the other integer matmuls are computed in fp32"
+                                      if kind == "matmul" else "the others run as TVM kernels"))
             for k in ctx.kernels:
                 if k.integer_matmul:
                     k.why = "integer matmul left to codegen: computed in fp32"
