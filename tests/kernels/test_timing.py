@@ -110,3 +110,35 @@ def test_trusted_sides_are_timed_once(monkeypatch):
         calls.append(vm), timing.Measurement(1.0, 1.0, 0.0))[1])
     dispatch._time_sides({"a": ("a", []), "b": ("b", []), "c": ("c", [])}, "k")
     assert calls == ["a", "b", "c"]
+
+
+def test_an_untrusted_timing_keeps_the_library_call(tmp_path, monkeypatch):
+    """Codegen that timed faster only on a loaded machine does not take a kernel from the
+    library: the library call is what runs wherever the kernel lands in the model."""
+    pytest.importorskip("tvmopt.kernels.onednn")
+    from tvmopt.interface.compile import CompileOptions, compile_model
+    from tvmopt.kernels import dispatch, onednn, timing
+
+    try:
+        onednn.load_extension()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    from ..kernels.test_onednn import _small_cnn
+
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
+    # every sample under load; per kernel two rounds: library, codegen, then codegen, library
+    from itertools import cycle
+
+    ms = cycle([3.0, 1.0, 1.0, 3.0])
+
+    def measure(vm, name, inputs):
+        v = next(ms)
+        return timing.Measurement(v, v, 1.5)
+
+    monkeypatch.setattr(dispatch, "measure_call", measure)
+    res = compile_model(CompileOptions(model=_small_cnn(tmp_path / "cnn.onnx"),
+                                       output=str(tmp_path / "a"), target="host",
+                                       dispatch="auto", precision="fp32"), log=lambda s: None)
+    choices = res.artifact.manifest["kernels"]["choices"]
+    assert choices and all(not c["trusted"] for c in choices)
+    assert all(c["choice"] == "library" and "not trusted" in c["reason"] for c in choices)

@@ -323,6 +323,12 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
                else {c: t[lib_fields[c]] for c in allowed(k)})
         best = min(lib, key=lib.get)
         use_lib = lib[best] < MARGIN * t["codegen_ms"]
+        # A timing taken under load cannot send a kernel the library takes to codegen: the
+        # library call is the same code wherever it lands, while the codegen kernel is timed
+        # alone and is fused with its neighbours in the model, where a schedule that fit the
+        # lone kernel may not (an int8 residual group then ran as a naive loop nest).
+        held = not use_lib and not t["trusted"]
+        use_lib = use_lib or held
         if use_lib:
             keep |= set(gvs)
             prec.update(dict.fromkeys(gvs, best))
@@ -331,7 +337,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
         choices.append(Choice(
             k, n_sites, "library" if use_lib else "codegen", round(t["library_ms"], 4),
             round(t["codegen_ms"], 4), t["cached"],
-            "faster by timing" if use_lib else "codegen as fast or faster", t["codegen_by"],
+            ("library kept: its timing was not trusted" if held else "faster by timing")
+            if use_lib else "codegen as fast or faster", t["codegen_by"],
             precision=best if use_lib else "fp32",
             library_bf16_ms=round(bf16, 4) if bf16 is not None else None,
             trusted=t["trusted"], note="; ".join(filter(None, [
