@@ -267,6 +267,130 @@ def _cat_skips_empty(importer) -> None:
         importer.convert_map[op] = convert
 
 
+def _relax_dim(dim, syms: dict):
+    """A torch dim (int or SymInt) as a TIR expression over the importer's dim vars, or None
+    when it names a symbol the inputs do not define or is not a sum/product of them."""
+    import sympy
+    import torch
+    from tvm import tirx
+
+    if not isinstance(dim, torch.SymInt):
+        return tirx.IntImm("int64", int(dim))
+
+    def conv(e):
+        if isinstance(e, sympy.Integer):
+            return tirx.IntImm("int64", int(e))
+        if isinstance(e, sympy.Symbol):
+            return syms.get(str(e))
+        if isinstance(e, (sympy.Add, sympy.Mul)):
+            terms = [conv(a) for a in e.args]
+            if any(t is None for t in terms):
+                return None
+            out = terms[0]
+            for t in terms[1:]:
+                out = out + t if isinstance(e, sympy.Add) else out * t
+            return out
+        return None
+
+    return conv(dim.node.expr)
+
+
+def _torch_shapes_for_slices(importer) -> None:
+    """A slice whose end is a symbolic size (`position_ids[:, :seq]`, a causal mask cut to the
+    key length) has, in TVM's converter, the length `min(seq, table size)`: it no longer
+    broadcasts against `seq` and everything downstream loses its shape ("emit_te now only
+    supports Tensor that has ShapeExpr shape"). torch has already shown the slice in bounds
+    with the program's range constraints (`seq <= table size`, its output shape is `seq`):
+    the slice is then emitted again with `assume_inbound`, whose length is `end - start`, and
+    kept when that is torch's shape. (A match_cast to torch's shape instead crashed TVM's
+    CanonicalizeBindings.)"""
+    import tvm.ir.prim
+    from tvm import relax
+    from torch import fx
+
+    fn = importer.convert_map.get("slice.Tensor")
+    if fn is None:
+        return
+
+    def arg(node, i, default):
+        v = node.args[i] if len(node.args) > i else default
+        v = importer.env[v] if isinstance(v, fx.Node) else v
+        return default if v is None else v
+
+    def convert(node, *rest):
+        out = fn(node, *rest)
+        val = getattr(node, "meta", {}).get("val")
+        shape = getattr(getattr(getattr(out, "ty", None), "shape", None), "values", None)
+        if val is None or shape is None or len(shape) != len(val.shape):
+            return out
+        want = [_relax_dim(d, _known_syms(importer)) for d in val.shape]
+        if any(w is None for w in want) or all(
+                tvm.ir.prim.expr_deep_equal(w, s) for w, s in zip(want, shape)):
+            return out
+        x = importer.env[node.args[0]]
+        rank = len(x.ty.shape.values)
+        dim = arg(node, 1, 0) % rank
+        start, end, step = arg(node, 2, 0), arg(node, 3, None), arg(node, 4, 1)
+        if end is None or not isinstance(step, int):
+            return out
+        inbound = importer.block_builder.normalize(relax.op.strided_slice(
+            x, [dim], [start], [end], [step], assume_inbound=True))
+        got = inbound.ty.shape.values
+        if all(tvm.ir.prim.expr_deep_equal(w, g) for w, g in zip(want, got)):
+            return importer.block_builder.emit(inbound)
+        return out
+
+    importer.convert_map["slice.Tensor"] = convert
+
+
+def _known_syms(importer) -> dict:
+    """Name -> TIR var of every dim var the program's inputs carry (read once: the inputs are
+    in the importer's env before the first node is converted)."""
+    from tvm import tirx
+
+    syms = getattr(importer, "_tvmopt_syms", None)
+    if syms:
+        return syms
+    syms = importer._tvmopt_syms = {}
+    for val in importer.env.values():
+        shape = getattr(getattr(val, "ty", None), "shape", None)
+        for v in getattr(shape, "values", None) or []:
+            if isinstance(v, tirx.Var):
+                syms.setdefault(v.name, v)
+    return syms
+
+
+def _symbolic_repeat(importer) -> None:
+    """`x.repeat(batch, 1, 1)` by a run-time count (DETR's queries over the batch): TVM's
+    converter takes static counts only. Tiling is a broadcast of x with a unit axis before each
+    of its axes, to (count, size) pairs, then a reshape to torch's output shape."""
+    from tvm import relax, tirx
+
+    fn = importer.convert_map.get("repeat.default")
+    if fn is None:
+        return
+
+    def convert(node, *rest):
+        reps = node.args[1] if len(node.args) > 1 else ()
+        val = getattr(node, "meta", {}).get("val")
+        if all(isinstance(r, int) for r in reps) or val is None:
+            return fn(node, *rest)
+        x = importer.env[node.args[0]]
+        in_shape = list(x.ty.shape.values)
+        out = [_relax_dim(d, _known_syms(importer)) for d in val.shape]
+        if any(o is None for o in out) or len(out) < len(in_shape):
+            return fn(node, *rest)
+        one = tirx.IntImm("int64", 1)
+        padded = [one] * (len(out) - len(in_shape)) + in_shape
+        bb = importer.block_builder
+        pairs = bb.emit(relax.op.reshape(x, [e for d in padded for e in (one, d)]))
+        wide = bb.emit(relax.op.broadcast_to(pairs, [e for d, o in zip(padded, out)
+                                                      for e in (tirx.floordiv(o, d), d)]))
+        return bb.emit(relax.op.reshape(wide, out))
+
+    importer.convert_map["repeat.default"] = convert
+
+
 def _float_divisor(importer) -> None:
     """`torch.div(x, 2, rounding_mode="floor")` on a float tensor divides by 2.0 (torch
     promotes the int scalar); TVM's converter made an int32 constant of it and refused the
@@ -372,6 +496,8 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
         raise UnsupportedOpError(_unsupported_message(missing))
     _cat_skips_empty(importer)
     _float_divisor(importer)
+    _torch_shapes_for_slices(importer)
+    _symbolic_repeat(importer)
     _naming_converters(importer)
     try:
         with _quiet():
