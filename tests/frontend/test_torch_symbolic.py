@@ -44,7 +44,7 @@ def _run(module, example, dynamic, sizes):
     module = module.eval()
     ep = torch.export.export(module, (example,), dynamic_shapes=(dynamic,))
     imported = import_program(ep)
-    assert any(isinstance(d, str) for d in imported.inputs[0].shape)  # kept symbolic
+    assert not all(isinstance(d, int) for d in imported.inputs[0].shape), imported.inputs  # symbolic
     exe = build_in_memory(imported.mod)
     for x in sizes:
         got = run_executable(exe, [x.numpy()])[0]
@@ -64,3 +64,53 @@ def test_repeat_by_the_batch_size():
     batch = torch.export.Dim("batch", min=1, max=16)
     _run(Queries(), torch.randn(2, 5, 8), {0: batch},
          [torch.randn(b, 5, 8) for b in (1, 3, 7)])
+
+
+class UpDown(nn.Module):
+    """A strided conv, then bilinear and nearest upsampling back (a UNet's decoder steps)."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.out = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x):
+        y = self.down(x)
+        up = nn.functional.interpolate(y, scale_factor=2.0, mode="bilinear", align_corners=False)
+        near = nn.functional.interpolate(y, scale_factor=2.0, mode="nearest")
+        return self.out(torch.cat([up, near], 1))
+
+
+def test_upsampling_of_image_sizes_derived_from_a_dim():
+    """Height and width exported as 8 * Dim: torch cannot re-trace the program to decompose it
+    ("expected sympy.Symbol"), so it is imported as exported, and the upsampling's output size
+    is torch's symbolic one."""
+    h, w = torch.export.Dim("h8", min=2, max=32), torch.export.Dim("w8", min=2, max=32)
+    _run(UpDown(), torch.randn(1, 3, 32, 48), {2: 8 * h, 3: 8 * w},
+         [torch.randn(1, 3, s, t) for s, t in [(32, 48), (64, 16), (24, 40)]])
+
+
+class MaskedAttention(nn.Module):
+    """Attention with a boolean causal mask and an explicit scale."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.qkv, self.heads = nn.Linear(d, 3 * d), heads
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        mask = torch.ones(s, s, dtype=torch.bool).tril()
+        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+        return out.transpose(1, 2).reshape(b, s, d)
+
+
+def test_attention_kept_whole_takes_a_boolean_mask_and_a_scale(monkeypatch):
+    """Where torch's decomposition fails (GPT-2's attention under torch.export: "Cannot view a
+    tensor ... as a tensor"), scaled_dot_product_attention reaches TVM's converter whole."""
+    from tvmopt.frontend import torch_program
+
+    monkeypatch.setattr(torch_program, "_decompose", lambda ep, convert_map=None: ep)
+    seq = torch.export.Dim("seq", min=2, max=64)
+    _run(MaskedAttention(), torch.randn(2, 7, 16), {1: seq},
+         [torch.randn(2, s, 16) for s in (3, 7, 40)])

@@ -193,14 +193,35 @@ def program_outputs(ep) -> list[TensorInfo]:
 
 
 # ---------------------------------------------------------------------------- import
-def _decompose(ep):
-    """Core ATen, as TVM's importer expects (what `from_exported_program` does by default)."""
+def _decompose(ep, convert_map=None):
+    """Core ATen, as TVM's importer expects (what `from_exported_program` does by default).
+
+    Some of torch's decompositions fail on programs with symbolic dims (a `view` of a
+    non-contiguous attention output, "expected sympy.Symbol" under derived dims such as
+    `8 * h`). Then the ops TVM's importer converts as they are (`convert_map`: linear,
+    scaled_dot_product_attention, upsampling, ...) are left whole and only the rest decomposed;
+    and where torch cannot re-trace the program at all (derived dims), a program whose ops the
+    importer all converts is taken as exported.
+    """
     try:
         with _quiet():
             return ep.run_decompositions()
     except Exception as err:
-        raise ImportFailure(f"torch could not decompose the program to core ATen: "
-                            f"{error_line(err)[:300]}") from None
+        first = err
+    if convert_map:
+        import torch
+
+        table = {op: fn for op, fn in torch.export.default_decompositions().items()
+                 if getattr(op, "__name__", str(op)) not in convert_map}
+        try:
+            with _quiet():
+                return ep.run_decompositions(table)
+        except Exception:  # noqa: BLE001 - the first failure is the one to report
+            pass
+        if not unsupported_ops(ep, convert_map):
+            return ep
+    raise ImportFailure(f"torch could not decompose the program to core ATen: "
+                        f"{error_line(first)[:300]}") from None
 
 
 def _op_name(node) -> str:
@@ -346,6 +367,7 @@ def _torch_shapes_for_slices(importer) -> None:
 def _known_syms(importer) -> dict:
     """Name -> TIR var of every dim var the program's inputs carry (read once: the inputs are
     in the importer's env before the first node is converted)."""
+    import tvm
     from tvm import tirx
 
     syms = getattr(importer, "_tvmopt_syms", None)
@@ -354,9 +376,10 @@ def _known_syms(importer) -> dict:
     syms = importer._tvmopt_syms = {}
     for val in importer.env.values():
         shape = getattr(getattr(val, "ty", None), "shape", None)
-        for v in getattr(shape, "values", None) or []:
-            if isinstance(v, tirx.Var):
-                syms.setdefault(v.name, v)
+        for dim in getattr(shape, "values", None) or []:
+            if tvm.ir.is_prim_expr(dim):  # a var, or a derived dim such as 8 * h
+                for v in tirx.analysis.undefined_vars(dim, []):
+                    syms.setdefault(v.name, v)
     return syms
 
 
@@ -389,6 +412,89 @@ def _symbolic_repeat(importer) -> None:
         return bb.emit(relax.op.reshape(wide, out))
 
     importer.convert_map["repeat.default"] = convert
+
+
+def _attention_as_matmuls(importer) -> None:
+    """scaled_dot_product_attention, where it reaches the importer whole (torch's
+    decomposition of it failed: GPT-2's attention under torch.export), as the matmul /
+    softmax / matmul that the rest of the pipeline schedules: TVM's converter makes a fused
+    `nn.attention` whose LLVM code generation did not finish with symbolic lengths, takes 4-d
+    float masks only and drops `scale`. A boolean mask (True: attend) and `is_causal` mask
+    with the dtype's lowest value, as transformers does; float masks are added."""
+    import math
+
+    import numpy as np
+    from torch import fx
+    from tvm import relax
+
+    op = "scaled_dot_product_attention.default"
+    if op not in importer.convert_map:
+        return
+
+    def opt(node, i, name, default):
+        return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+    def convert(node, *rest):
+        bb, env = importer.block_builder, importer.env
+        q, k, v = (env[a] for a in node.args[:3])
+        mask, dropout = opt(node, 3, "attn_mask", None), opt(node, 4, "dropout_p", 0.0)
+        causal, scale = opt(node, 5, "is_causal", False), opt(node, 6, "scale", None)
+        if dropout or node.kwargs.get("enable_gqa"):
+            raise ValueError("dropout and enable_gqa are not supported")
+        dtype = str(q.ty.dtype)
+        if scale is None:
+            head = q.ty.shape.values[-1]
+            if not hasattr(head, "value"):
+                raise ValueError("a symbolic head size")
+            scale = 1.0 / math.sqrt(int(head.value))
+        rank = len(k.ty.shape.values)
+        kt = relax.op.permute_dims(k, [*range(rank - 2), rank - 1, rank - 2])
+        scores = bb.emit(relax.op.multiply(relax.op.matmul(q, kt),
+                                           relax.const(float(scale), dtype)))
+        low = relax.const(float(np.finfo(dtype).min), dtype)
+        if causal:
+            sq, skv = scores.ty.shape.values[-2:]
+            keep = relax.op.tril(relax.op.ones(relax.ShapeExpr([sq, skv]), dtype))
+            scores = bb.emit(relax.op.where(relax.op.greater(keep, relax.const(0.0, dtype)),
+                                            scores, low))
+        if isinstance(mask, fx.Node):
+            m = env[mask]
+            scores = bb.emit(relax.op.where(m, scores, low) if str(m.ty.dtype) == "bool"
+                             else relax.op.add(scores, m))
+        probs = bb.emit(relax.op.nn.softmax(scores, axis=-1))
+        return bb.emit(relax.op.matmul(probs, v))
+
+    importer.convert_map[op] = convert
+
+
+def _symbolic_upsample(importer) -> None:
+    """Bilinear / nearest upsampling of a map with symbolic height and width (a UNet or
+    DeepLabV3 exported with `8 * Dim` image sizes): TVM's converter computes the output size
+    as `int(dim.value * scale)` and fails on a symbolic dim. The size is torch's output shape
+    instead, with TVM's own choice of method and coordinate mode."""
+    import torch
+
+    ops = {"upsample_bilinear2d.vec": ("linear", 2, True),
+           "upsample_nearest2d.vec": ("nearest_neighbor", 3, None)}
+    for op, (method, align_at, align_default) in ops.items():
+        fn = importer.convert_map.get(op)
+        if fn is None:
+            continue
+
+        def convert(node, *rest, _fn=fn, _method=method, _at=align_at, _default=align_default):
+            val = getattr(node, "meta", {}).get("val")
+            if val is None or not any(isinstance(d, torch.SymInt) for d in val.shape[2:]):
+                return _fn(node, *rest)
+            size = [_relax_dim(d, _known_syms(importer)) for d in val.shape[2:]]
+            if any(d is None for d in size):
+                return _fn(node, *rest)
+            align = node.args[_at] if len(node.args) > _at else \
+                node.kwargs.get("align_corners", _default)
+            return importer._upsample_impl(importer.env[node.args[0]], size=size,
+                                           scale_factor=None, method=_method,
+                                           align_corners=align)
+
+        importer.convert_map[op] = convert
 
 
 def _float_divisor(importer) -> None:
@@ -489,8 +595,8 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
     inputs = program_inputs(ep)
     values = _resolve_shapes(inputs, dict(shape_overrides or {}), _bounds(ep))
     outputs = program_outputs(ep)
-    ep = _decompose(ep)
     importer = ExportedProgramImporter()
+    ep = _decompose(ep, importer.convert_map)
     missing = unsupported_ops(ep, importer.convert_map)
     if missing:
         raise UnsupportedOpError(_unsupported_message(missing))
@@ -498,6 +604,8 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
     _float_divisor(importer)
     _torch_shapes_for_slices(importer)
     _symbolic_repeat(importer)
+    _attention_as_matmuls(importer)
+    _symbolic_upsample(importer)
     _naming_converters(importer)
     try:
         with _quiet():
@@ -517,6 +625,7 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
         mod = relax.transform.BindSymbolicVars({syms[k]: v for k, v in values.items()
                                                 if k in syms}, "main")(mod)
         mod = _drop_bound_attrs(mod, set(values))
+    mod = _plain_input_dims(mod)
     main = mod["main"]
     input_dims = {v.name for p in main.params for v in _shape_vars(p)}
     in_infos = [_struct_to_info(p.name, p.ty, input_dims) for p in main.params]
@@ -524,6 +633,69 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
     fields = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
     out_infos = [_struct_to_info(o.name, s, input_dims) for o, s in zip(outputs, fields)]
     return ImportedModel(mod=mod, inputs=in_infos, outputs=out_infos, opset=0)
+
+
+def _solvable(dim):
+    """(var, scale, offset) when a derived input dim is scale * var + offset (how TVM's importer
+    writes torch's `8 * Dim` or `Dim + 1`), else None."""
+    from tvm import tirx
+
+    if isinstance(dim, tirx.Mul):
+        for k, v in ((dim.a, dim.b), (dim.b, dim.a)):
+            if isinstance(k, tirx.IntImm) and isinstance(v, tirx.Var):
+                return v, int(k.value), 0
+    if isinstance(dim, tirx.Add):
+        for v, c in ((dim.a, dim.b), (dim.b, dim.a)):
+            if isinstance(c, tirx.IntImm) and isinstance(v, tirx.Var):
+                return v, 1, int(c.value)
+    return None
+
+
+def _plain_input_dims(mod):
+    """Inputs with derived dims (`8 * s69` for an image height exported as `8 * Dim`) take a
+    plain dim instead: the VM cannot solve `H = 8 * s69` for s69 from an argument's shape.
+    The function then defines s69 = (H - offset) // scale from a shape match_cast and casts the
+    argument to its derived type, which checks at run time that H is such a multiple."""
+    import tvm
+    from tvm import relax, tirx
+
+    main = mod["main"]
+    new_params, prologue, defined = [], [], {}
+    for p in main.params:
+        shape = getattr(p.ty, "shape", None)
+        values = list(getattr(shape, "values", None) or [])
+        plain = []
+        for d in values:
+            solved = _solvable(d) if tvm.ir.is_prim_expr(d) else None
+            if solved is None:
+                plain.append(d)
+                continue
+            var, scale, offset = solved
+            h = tirx.Var(f"{var.name}_{scale}" if offset == 0 else f"{var.name}___{offset}",
+                         "int64")
+            plain.append(h)
+            if var.name not in defined:
+                defined[var.name] = var
+                prologue.append(relax.MatchCast(
+                    relax.Var(f"_{var.name}", relax.ShapeType([var])),
+                    relax.ShapeExpr([tirx.floordiv(h - offset, scale)]),
+                    relax.ShapeType([var])))
+        if len(plain) == len(values) and all(a.same_as(b) for a, b in zip(plain, values)):
+            new_params.append(p)
+            continue
+        new = relax.Var(p.name, relax.TensorType(plain, p.ty.dtype))
+        new_params.append(new)
+        prologue.append(relax.MatchCast(p, new, p.ty))
+    if not prologue:
+        return mod
+    # Shape definitions first, then the casts that use them.
+    prologue.sort(key=lambda b: not isinstance(b.ty, relax.ShapeType))
+    body = main.body
+    seq = relax.SeqExpr([relax.BindingBlock(prologue), *body.blocks], body.body)
+    func = relax.Function(new_params, seq, main.ret_ty, main.is_pure, main.attrs)
+    mod = mod.clone()
+    mod["main"] = func
+    return mod
 
 
 def _shape_vars(param) -> list:
