@@ -311,6 +311,10 @@ class _OneNode:
         self.node = [node]
 
 
+# Binary ops TVM's converter folds in numpy when both operands are known scalars.
+_FOLDED_ARITHMETIC = ("Add", "Sub", "Mul", "Div")
+
+
 def _make_importer_class():
     from tvm import relax
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
@@ -372,6 +376,8 @@ def _make_importer_class():
             if isinstance(sym, relax.Expr):
                 from .onnx_ops import shape_values
 
+                if op_name in _FOLDED_ARITHMETIC:
+                    sym = shape_values.keep_scalar_dtype(sym, inputs)
                 sym = self.bb.normalize(sym)
                 known = self.__dict__.setdefault("_known_dims", {})
                 for v in list(inputs) + [sym]:

@@ -25,6 +25,31 @@ def prim_of(value):
     return value if tvm.ir.is_prim_expr(value) else None
 
 
+def keep_scalar_dtype(result, inputs):
+    """A binary op TVM folded in numpy on known scalars (`Cast(H) / 2.0` for an image height
+    H) returns a Python number, which becomes a float64 (int64) scalar whatever the operands
+    were: the next op then mixes float64 with the graph's float32 ("Binary operators must have
+    the same datatype"). The folded value is given the operands' dtype back."""
+    from tvm import tirx
+
+    if not isinstance(result, (tirx.FloatImm, tirx.IntImm)):
+        return result
+    dtypes = set()
+    for v in inputs:
+        if v is None:
+            continue
+        dtype = getattr(getattr(v, "ty", None), "dtype", None)  # a scalar's or a tensor's
+        if dtype is None:
+            return result
+        dtypes.add(str(dtype))
+    if len(dtypes) != 1:
+        return result
+    (dtype,) = dtypes
+    if dtype == str(result.ty.dtype) or dtype == "bool":
+        return result
+    return tirx.const(result.value, dtype)
+
+
 def const_ints(value):
     """A constant integer tensor as a Python list (0-d: int), else None."""
     import numpy as np
