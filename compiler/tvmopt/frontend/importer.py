@@ -313,6 +313,11 @@ class _OneNode:
 
 # Binary ops TVM's converter folds in numpy when both operands are known scalars.
 _FOLDED_ARITHMETIC = ("Add", "Sub", "Mul", "Div")
+# Multidirectional-broadcasting ops: operands whose equal dims are spelled differently are
+# asserted to one spelling first (shape_values.agree_broadcast_dims).
+_BROADCASTING = ("Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Mean", "Sum",
+                 "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor",
+                 "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Mod", "PRelu")
 
 
 def _make_importer_class():
@@ -361,6 +366,12 @@ def _make_importer_class():
                 attrs = _ReadAttrs(attrs)
                 attrs.read.add("tvm_custom")
                 inputs = _read_inputs_class()(list.__iter__(inputs))
+            if op_name in _BROADCASTING:
+                from .onnx_ops import shape_values
+
+                agreed = shape_values.agree_broadcast_dims(self.bb, list(list.__iter__(inputs)))
+                for k, v in enumerate(agreed):
+                    list.__setitem__(inputs, k, v)
             try:
                 sym = cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
                                                           [self._nodes, self._params])

@@ -460,6 +460,65 @@ def tighten_shape(bb, value, known_dims):
     return bb.match_cast(_bound(bb, value), relax.TensorType(new, ty.dtype))
 
 
+def agree_broadcast_dims(bb, inputs: list) -> list:
+    """Operands of a broadcasting op whose dims are the same number written two ways (a
+    convolution stack's output length `(n - 105) // 80 + 1` beside a reshape's nested
+    `1 + (((n // 5) - 9) // 4 - 3) // 4`; a padded window count beside the mask built for it):
+    the result's shape is unknown to Relax and the next reshape fails ("Reshape expects the
+    input tensor to have known shape"). ONNX broadcasting requires dims that are not 1 to be
+    equal, so the operands are asserted (match_cast, checked when the artifact runs) to the
+    simplest spelling of each such dim (a static one, else floor division before ONNX's
+    truncating one, else the shorter). Dims that are 1, or may be 1 on one side only
+    as a literal, broadcast as before."""
+    from tvm import relax, tirx
+
+    tensors = [(i, v) for i, v in enumerate(inputs)
+               if isinstance(getattr(v, "ty", None), relax.TensorType)
+               and isinstance(v.ty.shape, relax.ShapeExpr)]
+    if len(tensors) < 2:
+        return inputs
+    rank = max(len(v.ty.shape.values) for _, v in tensors)
+    agreed = []
+    for axis in range(rank):
+        dims = []
+        for _, v in tensors:
+            vals = v.ty.shape.values
+            k = axis - (rank - len(vals))
+            if k >= 0 and not (isinstance(vals[k], tirx.IntImm) and vals[k].value == 1):
+                dims.append(vals[k])
+        if len(dims) < 2 or all(tvm_equal(dims[0], d) for d in dims[1:]):
+            agreed.append(None)
+            continue
+        static = [d for d in dims if isinstance(d, tirx.IntImm)]
+        agreed.append(static[0] if static else min(dims, key=_spelling_cost))
+    if all(a is None for a in agreed):
+        return inputs
+    out = list(inputs)
+    for i, v in tensors:
+        vals = list(v.ty.shape.values)
+        new = list(vals)
+        for k in range(len(vals)):
+            a = agreed[k + rank - len(vals)]
+            if a is not None and not (isinstance(vals[k], tirx.IntImm) and vals[k].value == 1):
+                new[k] = a
+        if not all(tvm_equal(x, y) for x, y in zip(vals, new)):
+            out[i] = bb.match_cast(_bound(bb, v), relax.TensorType(new, v.ty.dtype))
+    return out
+
+
+def _spelling_cost(dim) -> tuple:
+    """Floor division before truncating division (ONNX's integer Div; TVM's index analysis
+    cannot split loops over truncated quotients), then the shorter expression."""
+    text = str(dim)
+    return ("T.Div(" in text or "truncdiv" in text, len(text))
+
+
+def tvm_equal(a, b) -> bool:
+    import tvm.ir.prim
+
+    return bool(tvm.ir.prim.expr_deep_equal(a, b))
+
+
 def _bound(bb, value):
     """`value` as a variable: a match_cast of an unbound call loses its type in later passes."""
     from tvm import relax
