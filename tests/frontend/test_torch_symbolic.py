@@ -114,3 +114,22 @@ def test_attention_kept_whole_takes_a_boolean_mask_and_a_scale(monkeypatch):
     seq = torch.export.Dim("seq", min=2, max=64)
     _run(MaskedAttention(), torch.randn(2, 7, 16), {1: seq},
          [torch.randn(2, s, 16) for s in (3, 7, 40)])
+
+
+class PaddingPositions(nn.Module):
+    """RoBERTa's position ids: a cumsum of the padding mask (int32, summed as int64)."""
+
+    def __init__(self, vocab=50, d=8):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(80, d)
+
+    def forward(self, ids):
+        mask = ids.ne(1).int()
+        positions = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + 1
+        return self.tok(ids) + self.pos(positions)
+
+
+def test_cumsum_of_a_padding_mask():
+    seq = torch.export.Dim("seq", min=2, max=60)
+    _run(PaddingPositions(), torch.randint(0, 50, (2, 9)), {1: seq},
+         [torch.randint(0, 50, s) for s in [(2, 5), (2, 40)]])

@@ -497,6 +497,27 @@ def _symbolic_upsample(importer) -> None:
         importer.convert_map[op] = convert
 
 
+def _scans_through_topi(importer) -> None:
+    """cumsum / cumprod as TOPI kernels (as the ONNX CumSum converter does): TVM's converter
+    emits relax.cumsum, which nothing legalizes for llvm in this pipeline ("CodeGenVM cannot
+    emit this Relax operator"; RoBERTa's position ids are a cumsum of the padding mask). The
+    result has torch's dtype (a cumsum of int32 is int64)."""
+    from tvm import topi
+
+    for op, fn in (("cumsum.default", topi.cumsum), ("cumprod.default", topi.cumprod)):
+        if op not in importer.convert_map:
+            continue
+
+        def convert(node, *rest, _fn=fn):
+            x = importer.env[node.args[0]]
+            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+            val = getattr(node, "meta", {}).get("val")
+            dtype = _dtype(val.dtype) if val is not None else None
+            return importer.block_builder.emit_te(_fn, x, dim, dtype)
+
+        importer.convert_map[op] = convert
+
+
 def _float_divisor(importer) -> None:
     """`torch.div(x, 2, rounding_mode="floor")` on a float tensor divides by 2.0 (torch
     promotes the int scalar); TVM's converter made an int32 constant of it and refused the
@@ -606,6 +627,7 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
     _symbolic_repeat(importer)
     _attention_as_matmuls(importer)
     _symbolic_upsample(importer)
+    _scans_through_topi(importer)
     _naming_converters(importer)
     try:
         with _quiet():
