@@ -196,8 +196,9 @@ def _json_attr(value):
 
 
 def _convert(op: str, bb, inputs, attr):
-    """The node as a call of a private function whose body is the unrolled recurrence and
-    whose RECURRENT_ATTR describes the node (see the module docstring)."""
+    """The node as a call of a private function whose body is the unrolled recurrence (or, over
+    a symbolic sequence length, the loop kernels) and whose RECURRENT_ATTR describes the node
+    (see the module docstring)."""
     import json
 
     from tvm import relax
