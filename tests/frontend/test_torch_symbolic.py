@@ -81,10 +81,13 @@ class UpDown(nn.Module):
         return self.out(torch.cat([up, near], 1))
 
 
-def test_upsampling_of_image_sizes_derived_from_a_dim():
-    """Height and width exported as 8 * Dim: torch cannot re-trace the program to decompose it
-    ("expected sympy.Symbol"), so it is imported as exported, and the upsampling's output size
-    is torch's symbolic one."""
+def test_upsampling_kept_whole_with_image_sizes_derived_from_a_dim(monkeypatch):
+    """The converters an op kept whole reaches when torch's decomposition fails (simulated by
+    importing the program undecomposed): upsampling gets torch's symbolic output size, and the
+    input's derived dims `8 * h` are solved for h."""
+    from tvmopt.frontend import torch_program
+
+    monkeypatch.setattr(torch_program, "_decompose", lambda ep, convert_map=None: ep)
     h, w = torch.export.Dim("h8", min=2, max=32), torch.export.Dim("w8", min=2, max=32)
     _run(UpDown(), torch.randn(1, 3, 32, 48), {2: 8 * h, 3: 8 * w},
          [torch.randn(1, 3, s, t) for s, t in [(32, 48), (64, 16), (24, 40)]])

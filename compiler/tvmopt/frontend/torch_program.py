@@ -199,9 +199,9 @@ def _decompose(ep, convert_map=None):
     Some of torch's decompositions fail on programs with symbolic dims (a `view` of a
     non-contiguous attention output, "expected sympy.Symbol" under derived dims such as
     `8 * h`). Then the ops TVM's importer converts as they are (`convert_map`: linear,
-    scaled_dot_product_attention, upsampling, ...) are left whole and only the rest decomposed;
-    and where torch cannot re-trace the program at all (derived dims), a program whose ops the
-    importer all converts is taken as exported.
+    scaled_dot_product_attention, upsampling, ...) are left whole and only the rest decomposed.
+    (Taking a program that torch cannot re-trace at all as exported, in training IR, gave wrong
+    results on a DeepLabV3: it stays refused.)
     """
     try:
         with _quiet():
@@ -218,8 +218,6 @@ def _decompose(ep, convert_map=None):
                 return ep.run_decompositions(table)
         except Exception:  # noqa: BLE001 - the first failure is the one to report
             pass
-        if not unsupported_ops(ep, convert_map):
-            return ep
     raise ImportFailure(f"torch could not decompose the program to core ATen: "
                         f"{error_line(first)[:300]}") from None
 

@@ -467,8 +467,8 @@ def agree_broadcast_dims(bb, inputs: list) -> list:
     the result's shape is unknown to Relax and the next reshape fails ("Reshape expects the
     input tensor to have known shape"). ONNX broadcasting requires dims that are not 1 to be
     equal, so the operands are asserted (match_cast, checked when the artifact runs) to the
-    simplest spelling of each such dim (a static one, else floor division before ONNX's
-    truncating one, else the shorter). Dims that are 1, or may be 1 on one side only
+    simplest spelling of each such dim (floor division before ONNX's truncating one, else the
+    shorter); a static dim beside a symbolic one is left to broadcasting as before. Dims that are 1, or may be 1 on one side only
     as a literal, broadcast as before."""
     from tvm import relax, tirx
 
@@ -489,8 +489,12 @@ def agree_broadcast_dims(bb, inputs: list) -> list:
         if len(dims) < 2 or all(tvm_equal(dims[0], d) for d in dims[1:]):
             agreed.append(None)
             continue
-        static = [d for d in dims if isinstance(d, tirx.IntImm)]
-        agreed.append(static[0] if static else min(dims, key=_spelling_cost))
+        if any(isinstance(d, tirx.IntImm) for d in dims):
+            # A number beside an expression: not two spellings of one length for certain (a
+            # slice to INT_MAX on an unknown dim has a bogus static length); left as it was.
+            agreed.append(None)
+            continue
+        agreed.append(min(dims, key=_spelling_cost))
     if all(a is None for a in agreed):
         return inputs
     out = list(inputs)
