@@ -154,6 +154,7 @@ def _fuse_legalize(target, cfg):
     from .passes.fusion_record import RecordFusedOps, RecordKernelCount
     from .passes.qdq_legalize import legalize_map
     from .passes.recurrent import InlineRecurrent
+    from .passes.scalar_params import OpaqueScalarKernels
     from .passes.symbolic_order import OrderSymbolicDefs
 
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if cfg.weight_prepack else []
@@ -162,8 +163,9 @@ def _fuse_legalize(target, cfg):
     # of each fused kernel: what the planner reports, read from the fused module alone.
     # legalize_map: relax.quantize with NaN -> the type's minimum, as onnxruntime computes it.
     # InlineRecurrent: the cuda pipeline has no dispatch or fastmath phase to do it.
+    # OpaqueScalarKernels: kernels taking a run-time scalar stay unfused (FuseTIR cannot).
     return [InlineRecurrent, relax.transform.LegalizeOps(customize_legalize_map=legalize_map()),
-            RecordKernelCount(), relax.transform.AnnotateTIROpPattern(),
+            RecordKernelCount(), relax.transform.AnnotateTIROpPattern(), OpaqueScalarKernels,
             relax.transform.FoldConstant(), relax.transform.FuseOps(), OrderSymbolicDefs(),
             RecordFusedOps(), relax.transform.FuseTIR(), *prepack]
 

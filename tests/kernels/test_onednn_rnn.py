@@ -199,3 +199,36 @@ def test_bidirectional_directions_together_or_apart(apart, monkeypatch):
     directions at once on a thread each: the same results either way."""
     monkeypatch.setenv("TVMOPT_RNN_SPLIT_DIRECTIONS", apart)
     check(*case("LSTM", "bidirectional", peepholes=True, seed=11))
+
+
+@pytest.mark.parametrize("op,kw", [
+    ("LSTM", {"direction": "bidirectional", "lens": True}),
+    ("GRU", {"direction": "reverse", "linear_before_reset": 1, "layout": 1}),
+])
+def test_symbolic_sequence_length_on_the_library(op, kw):
+    """A run-time sequence length: auto dispatch gives the node to the library (its primitive
+    takes the time dim at execution; the codegen side is an unscheduled loop, nothing to time
+    at one length), and the one build runs at several lengths and batch sizes."""
+    layout = kw.get("layout", 0)
+    lens = kw.pop("lens", False)
+    model, _ = case(op, lens=[5, 2, 5] if lens else None, **kw)
+    for inp in model.graph.input:
+        dims = inp.type.tensor_type.shape.dim
+        if inp.name == "X":
+            dims[1 if layout else 0].dim_param = "seq"
+            dims[0 if layout else 1].dim_param = "batch"
+        elif inp.name == "sequence_lens":
+            dims[0].dim_param = "batch"
+        elif inp.name.startswith("initial_"):
+            dims[0 if layout else 1].dim_param = "batch"
+    mod, run, cfg = build(model, dispatch="auto")
+    assert library_calls(mod) == 1
+    choice = next(c for c in cfg.dispatch_choices if c.kernel.startswith(f"rnn|{op}"))
+    assert choice.choice == "library" and choice.reason == "run-time sequence length"
+    for steps, batch in [(9, 2), (1, 1), (40, 3)]:
+        _, feeds = case(op, steps=steps, batch=batch, seed=steps,
+                        lens=[steps, 0, steps // 2][:batch] if lens else None, **kw)
+        want = (ReferenceEvaluator(model).run(None, feeds) if layout
+                else run_onnxruntime(model, feeds))
+        for g, e in zip(run(feeds), want, strict=True):
+            np.testing.assert_allclose(g, e, rtol=TOL, atol=TOL)

@@ -85,10 +85,61 @@ def test_recurrent_activation_attributes():
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
 
 
-def test_recurrent_symbolic_sequence_length_is_refused():
-    model, _ = _recurrent_case("LSTM", "forward")
-    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "seq"
-    from tvmopt.frontend.importer import import_onnx
+def _symbolic(model, layout=0):
+    """The model's sequence and batch dims made symbolic (states keep their batch dim named)."""
+    seq_axis, batch_axis = (1, 0) if layout else (0, 1)
+    for inp in model.graph.input:
+        dims = inp.type.tensor_type.shape.dim
+        if inp.name == "X":
+            dims[seq_axis].dim_param = "seq"
+            dims[batch_axis].dim_param = "batch"
+        elif inp.name == "sequence_lens":
+            dims[0].dim_param = "batch"
+        elif inp.name in ("initial_h", "initial_c"):
+            dims[0 if layout else 1].dim_param = "batch"
+    return model
 
-    with pytest.raises(TvmoptError, match="LSTM.*static sequence length"):
-        import_onnx(model)
+
+def _feeds_at(op, direction, steps, batch, layout=0, lens=None, seed=0, peepholes=False):
+    rng = np.random.default_rng(seed + steps)
+    dirs = 2 if direction == "bidirectional" else 1
+    f = np.float32
+    feeds = {"X": rng.standard_normal((batch, steps, 5) if layout else (steps, batch, 5))
+             .astype(f)}
+    if lens is not None:
+        feeds["sequence_lens"] = np.asarray(lens, np.int32)
+    s_shape = (batch, dirs, 2) if layout else (dirs, batch, 2)
+    feeds["initial_h"] = rng.standard_normal(s_shape).astype(f)
+    if op == "LSTM":
+        feeds["initial_c"] = rng.standard_normal(s_shape).astype(f)
+    return feeds
+
+
+@pytest.mark.parametrize("op,direction,kw", [
+    ("RNN", "reverse", {"activations": ["Relu"]}),
+    ("GRU", "forward", {"activations": ["HardSigmoid", "Softsign"], "activation_alpha": [0.3],
+                        "activation_beta": [0.4], "clip": 1.5}),
+    ("GRU", "bidirectional", {"linear_before_reset": 1, "layout": 1}),
+    ("LSTM", "bidirectional", {"peepholes": True, "seq_lens": True}),
+    ("LSTM", "forward", {"input_forget": 1, "clip": 2.0}),  # onnx.reference ignores input_forget
+    ("LSTM", "reverse", {"layout": 1}),
+])
+def test_symbolic_sequence_length_loops_at_run_time(op, direction, kw):
+    """One build (the loop kernel: --dispatch codegen) run at several lengths and batches."""
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.pipeline import PipelineConfig
+    from tvmopt.runtime.in_memory import build_in_memory, run_executable
+
+    layout = kw.get("layout", 0)
+    model, _ = _recurrent_case(op, direction, **kw)
+    imported = import_onnx(_symbolic(model, layout))
+    exe = build_in_memory(imported.mod, None, PipelineConfig(dispatch="codegen"))
+    names = [i.name for i in imported.inputs]
+    for steps, batch, lens in [(7, 2, [7, 3]), (1, 3, [1, 0, 1]), (33, 1, [20])]:
+        feeds = _feeds_at(op, direction, steps, batch, layout,
+                          lens if kw.get("seq_lens") else None)
+        want = (ReferenceEvaluator(model).run(None, feeds) if layout
+                else run_onnxruntime(model, feeds))
+        got = run_executable(exe, [feeds[n] for n in names])
+        for g, e in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)

@@ -311,6 +311,15 @@ class _OneNode:
         self.node = [node]
 
 
+# Binary ops TVM's converter folds in numpy when both operands are known scalars.
+_FOLDED_ARITHMETIC = ("Add", "Sub", "Mul", "Div")
+# Multidirectional-broadcasting ops: operands whose equal dims are spelled differently are
+# asserted to one spelling first (shape_values.agree_broadcast_dims).
+_BROADCASTING = ("Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Mean", "Sum",
+                 "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor",
+                 "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Mod", "PRelu")
+
+
 def _make_importer_class():
     from tvm import relax
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
@@ -357,6 +366,12 @@ def _make_importer_class():
                 attrs = _ReadAttrs(attrs)
                 attrs.read.add("tvm_custom")
                 inputs = _read_inputs_class()(list.__iter__(inputs))
+            if op_name in _BROADCASTING:
+                from .onnx_ops import shape_values
+
+                agreed = shape_values.agree_broadcast_dims(self.bb, list(list.__iter__(inputs)))
+                for k, v in enumerate(agreed):
+                    list.__setitem__(inputs, k, v)
             try:
                 sym = cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
                                                           [self._nodes, self._params])
@@ -372,6 +387,8 @@ def _make_importer_class():
             if isinstance(sym, relax.Expr):
                 from .onnx_ops import shape_values
 
+                if op_name in _FOLDED_ARITHMETIC:
+                    sym = shape_values.keep_scalar_dtype(sym, inputs)
                 sym = self.bb.normalize(sym)
                 known = self.__dict__.setdefault("_known_dims", {})
                 for v in list(inputs) + [sym]:

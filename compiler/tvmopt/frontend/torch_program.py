@@ -193,14 +193,33 @@ def program_outputs(ep) -> list[TensorInfo]:
 
 
 # ---------------------------------------------------------------------------- import
-def _decompose(ep):
-    """Core ATen, as TVM's importer expects (what `from_exported_program` does by default)."""
+def _decompose(ep, convert_map=None):
+    """Core ATen, as TVM's importer expects (what `from_exported_program` does by default).
+
+    Some of torch's decompositions fail on programs with symbolic dims (a `view` of a
+    non-contiguous attention output, "expected sympy.Symbol" under derived dims such as
+    `8 * h`). Then the ops TVM's importer converts as they are (`convert_map`: linear,
+    scaled_dot_product_attention, upsampling, ...) are left whole and only the rest decomposed.
+    (Taking a program that torch cannot re-trace at all as exported, in training IR, gave wrong
+    results on a DeepLabV3: it stays refused.)
+    """
     try:
         with _quiet():
             return ep.run_decompositions()
     except Exception as err:
-        raise ImportFailure(f"torch could not decompose the program to core ATen: "
-                            f"{error_line(err)[:300]}") from None
+        first = err
+    if convert_map:
+        import torch
+
+        table = {op: fn for op, fn in torch.export.default_decompositions().items()
+                 if getattr(op, "__name__", str(op)) not in convert_map}
+        try:
+            with _quiet():
+                return ep.run_decompositions(table)
+        except Exception:  # noqa: BLE001 - the first failure is the one to report
+            pass
+    raise ImportFailure(f"torch could not decompose the program to core ATen: "
+                        f"{error_line(first)[:300]}") from None
 
 
 def _op_name(node) -> str:
@@ -263,6 +282,236 @@ def _cat_skips_empty(importer) -> None:
                 if kept and len(kept) < len(parts):
                     node.args = (kept, *node.args[1:])
             return _fn(node, *rest)
+
+        importer.convert_map[op] = convert
+
+
+def _relax_dim(dim, syms: dict):
+    """A torch dim (int or SymInt) as a TIR expression over the importer's dim vars, or None
+    when it names a symbol the inputs do not define or is not a sum/product of them."""
+    import sympy
+    import torch
+    from tvm import tirx
+
+    if not isinstance(dim, torch.SymInt):
+        return tirx.IntImm("int64", int(dim))
+
+    def conv(e):
+        if isinstance(e, sympy.Integer):
+            return tirx.IntImm("int64", int(e))
+        if isinstance(e, sympy.Symbol):
+            return syms.get(str(e))
+        if isinstance(e, (sympy.Add, sympy.Mul)):
+            terms = [conv(a) for a in e.args]
+            if any(t is None for t in terms):
+                return None
+            out = terms[0]
+            for t in terms[1:]:
+                out = out + t if isinstance(e, sympy.Add) else out * t
+            return out
+        return None
+
+    return conv(dim.node.expr)
+
+
+def _torch_shapes_for_slices(importer) -> None:
+    """A slice whose end is a symbolic size (`position_ids[:, :seq]`, a causal mask cut to the
+    key length) has, in TVM's converter, the length `min(seq, table size)`: it no longer
+    broadcasts against `seq` and everything downstream loses its shape ("emit_te now only
+    supports Tensor that has ShapeExpr shape"). torch has already shown the slice in bounds
+    with the program's range constraints (`seq <= table size`, its output shape is `seq`):
+    the slice is then emitted again with `assume_inbound`, whose length is `end - start`, and
+    kept when that is torch's shape. (A match_cast to torch's shape instead crashed TVM's
+    CanonicalizeBindings.)"""
+    import tvm.ir.prim
+    from tvm import relax
+    from torch import fx
+
+    fn = importer.convert_map.get("slice.Tensor")
+    if fn is None:
+        return
+
+    def arg(node, i, default):
+        v = node.args[i] if len(node.args) > i else default
+        v = importer.env[v] if isinstance(v, fx.Node) else v
+        return default if v is None else v
+
+    def convert(node, *rest):
+        out = fn(node, *rest)
+        val = getattr(node, "meta", {}).get("val")
+        shape = getattr(getattr(getattr(out, "ty", None), "shape", None), "values", None)
+        if val is None or shape is None or len(shape) != len(val.shape):
+            return out
+        want = [_relax_dim(d, _known_syms(importer)) for d in val.shape]
+        if any(w is None for w in want) or all(
+                tvm.ir.prim.expr_deep_equal(w, s) for w, s in zip(want, shape)):
+            return out
+        x = importer.env[node.args[0]]
+        rank = len(x.ty.shape.values)
+        dim = arg(node, 1, 0) % rank
+        start, end, step = arg(node, 2, 0), arg(node, 3, None), arg(node, 4, 1)
+        if end is None or not isinstance(step, int):
+            return out
+        inbound = importer.block_builder.normalize(relax.op.strided_slice(
+            x, [dim], [start], [end], [step], assume_inbound=True))
+        got = inbound.ty.shape.values
+        if all(tvm.ir.prim.expr_deep_equal(w, g) for w, g in zip(want, got)):
+            return importer.block_builder.emit(inbound)
+        return out
+
+    importer.convert_map["slice.Tensor"] = convert
+
+
+def _known_syms(importer) -> dict:
+    """Name -> TIR var of every dim var the program's inputs carry (read once: the inputs are
+    in the importer's env before the first node is converted)."""
+    import tvm
+    from tvm import tirx
+
+    syms = getattr(importer, "_tvmopt_syms", None)
+    if syms:
+        return syms
+    syms = importer._tvmopt_syms = {}
+    for val in importer.env.values():
+        shape = getattr(getattr(val, "ty", None), "shape", None)
+        for dim in getattr(shape, "values", None) or []:
+            if tvm.ir.is_prim_expr(dim):  # a var, or a derived dim such as 8 * h
+                for v in tirx.analysis.undefined_vars(dim, []):
+                    syms.setdefault(v.name, v)
+    return syms
+
+
+def _symbolic_repeat(importer) -> None:
+    """`x.repeat(batch, 1, 1)` by a run-time count (DETR's queries over the batch): TVM's
+    converter takes static counts only. Tiling is a broadcast of x with a unit axis before each
+    of its axes, to (count, size) pairs, then a reshape to torch's output shape."""
+    from tvm import relax, tirx
+
+    fn = importer.convert_map.get("repeat.default")
+    if fn is None:
+        return
+
+    def convert(node, *rest):
+        reps = node.args[1] if len(node.args) > 1 else ()
+        val = getattr(node, "meta", {}).get("val")
+        if all(isinstance(r, int) for r in reps) or val is None:
+            return fn(node, *rest)
+        x = importer.env[node.args[0]]
+        in_shape = list(x.ty.shape.values)
+        out = [_relax_dim(d, _known_syms(importer)) for d in val.shape]
+        if any(o is None for o in out) or len(out) < len(in_shape):
+            return fn(node, *rest)
+        one = tirx.IntImm("int64", 1)
+        padded = [one] * (len(out) - len(in_shape)) + in_shape
+        bb = importer.block_builder
+        pairs = bb.emit(relax.op.reshape(x, [e for d in padded for e in (one, d)]))
+        wide = bb.emit(relax.op.broadcast_to(pairs, [e for d, o in zip(padded, out)
+                                                      for e in (tirx.floordiv(o, d), d)]))
+        return bb.emit(relax.op.reshape(wide, out))
+
+    importer.convert_map["repeat.default"] = convert
+
+
+def _attention_as_matmuls(importer) -> None:
+    """scaled_dot_product_attention, where it reaches the importer whole (torch's
+    decomposition of it failed: GPT-2's attention under torch.export), as the matmul /
+    softmax / matmul that the rest of the pipeline schedules: TVM's converter makes a fused
+    `nn.attention` whose LLVM code generation did not finish with symbolic lengths, takes 4-d
+    float masks only and drops `scale`. A boolean mask (True: attend) and `is_causal` mask
+    with the dtype's lowest value, as transformers does; float masks are added."""
+    import math
+
+    import numpy as np
+    from torch import fx
+    from tvm import relax
+
+    op = "scaled_dot_product_attention.default"
+    if op not in importer.convert_map:
+        return
+
+    def opt(node, i, name, default):
+        return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+    def convert(node, *rest):
+        bb, env = importer.block_builder, importer.env
+        q, k, v = (env[a] for a in node.args[:3])
+        mask, dropout = opt(node, 3, "attn_mask", None), opt(node, 4, "dropout_p", 0.0)
+        causal, scale = opt(node, 5, "is_causal", False), opt(node, 6, "scale", None)
+        if dropout or node.kwargs.get("enable_gqa"):
+            raise ValueError("dropout and enable_gqa are not supported")
+        dtype = str(q.ty.dtype)
+        if scale is None:
+            head = q.ty.shape.values[-1]
+            if not hasattr(head, "value"):
+                raise ValueError("a symbolic head size")
+            scale = 1.0 / math.sqrt(int(head.value))
+        rank = len(k.ty.shape.values)
+        kt = relax.op.permute_dims(k, [*range(rank - 2), rank - 1, rank - 2])
+        scores = bb.emit(relax.op.multiply(relax.op.matmul(q, kt),
+                                           relax.const(float(scale), dtype)))
+        low = relax.const(float(np.finfo(dtype).min), dtype)
+        if causal:
+            sq, skv = scores.ty.shape.values[-2:]
+            keep = relax.op.tril(relax.op.ones(relax.ShapeExpr([sq, skv]), dtype))
+            scores = bb.emit(relax.op.where(relax.op.greater(keep, relax.const(0.0, dtype)),
+                                            scores, low))
+        if isinstance(mask, fx.Node):
+            m = env[mask]
+            scores = bb.emit(relax.op.where(m, scores, low) if str(m.ty.dtype) == "bool"
+                             else relax.op.add(scores, m))
+        probs = bb.emit(relax.op.nn.softmax(scores, axis=-1))
+        return bb.emit(relax.op.matmul(probs, v))
+
+    importer.convert_map[op] = convert
+
+
+def _symbolic_upsample(importer) -> None:
+    """Bilinear / nearest upsampling of a map with symbolic height and width (a UNet or
+    DeepLabV3 exported with `8 * Dim` image sizes): TVM's converter computes the output size
+    as `int(dim.value * scale)` and fails on a symbolic dim. The size is torch's output shape
+    instead, with TVM's own choice of method and coordinate mode."""
+    import torch
+
+    ops = {"upsample_bilinear2d.vec": ("linear", 2, True),
+           "upsample_nearest2d.vec": ("nearest_neighbor", 3, None)}
+    for op, (method, align_at, align_default) in ops.items():
+        fn = importer.convert_map.get(op)
+        if fn is None:
+            continue
+
+        def convert(node, *rest, _fn=fn, _method=method, _at=align_at, _default=align_default):
+            val = getattr(node, "meta", {}).get("val")
+            if val is None or not any(isinstance(d, torch.SymInt) for d in val.shape[2:]):
+                return _fn(node, *rest)
+            size = [_relax_dim(d, _known_syms(importer)) for d in val.shape[2:]]
+            if any(d is None for d in size):
+                return _fn(node, *rest)
+            align = node.args[_at] if len(node.args) > _at else \
+                node.kwargs.get("align_corners", _default)
+            return importer._upsample_impl(importer.env[node.args[0]], size=size,
+                                           scale_factor=None, method=_method,
+                                           align_corners=align)
+
+        importer.convert_map[op] = convert
+
+
+def _scans_through_topi(importer) -> None:
+    """cumsum / cumprod as TOPI kernels (as the ONNX CumSum converter does): TVM's converter
+    emits relax.cumsum, which nothing legalizes for llvm in this pipeline ("CodeGenVM cannot
+    emit this Relax operator"; RoBERTa's position ids are a cumsum of the padding mask). The
+    result has torch's dtype (a cumsum of int32 is int64)."""
+    from tvm import topi
+
+    for op, fn in (("cumsum.default", topi.cumsum), ("cumprod.default", topi.cumprod)):
+        if op not in importer.convert_map:
+            continue
+
+        def convert(node, *rest, _fn=fn):
+            x = importer.env[node.args[0]]
+            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+            val = getattr(node, "meta", {}).get("val")
+            dtype = _dtype(val.dtype) if val is not None else None
+            return importer.block_builder.emit_te(_fn, x, dim, dtype)
 
         importer.convert_map[op] = convert
 
@@ -365,13 +614,18 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
     inputs = program_inputs(ep)
     values = _resolve_shapes(inputs, dict(shape_overrides or {}), _bounds(ep))
     outputs = program_outputs(ep)
-    ep = _decompose(ep)
     importer = ExportedProgramImporter()
+    ep = _decompose(ep, importer.convert_map)
     missing = unsupported_ops(ep, importer.convert_map)
     if missing:
         raise UnsupportedOpError(_unsupported_message(missing))
     _cat_skips_empty(importer)
     _float_divisor(importer)
+    _torch_shapes_for_slices(importer)
+    _symbolic_repeat(importer)
+    _attention_as_matmuls(importer)
+    _symbolic_upsample(importer)
+    _scans_through_topi(importer)
     _naming_converters(importer)
     try:
         with _quiet():
@@ -391,6 +645,7 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
         mod = relax.transform.BindSymbolicVars({syms[k]: v for k, v in values.items()
                                                 if k in syms}, "main")(mod)
         mod = _drop_bound_attrs(mod, set(values))
+    mod = _plain_input_dims(mod)
     main = mod["main"]
     input_dims = {v.name for p in main.params for v in _shape_vars(p)}
     in_infos = [_struct_to_info(p.name, p.ty, input_dims) for p in main.params]
@@ -398,6 +653,69 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
     fields = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
     out_infos = [_struct_to_info(o.name, s, input_dims) for o, s in zip(outputs, fields)]
     return ImportedModel(mod=mod, inputs=in_infos, outputs=out_infos, opset=0)
+
+
+def _solvable(dim):
+    """(var, scale, offset) when a derived input dim is scale * var + offset (how TVM's importer
+    writes torch's `8 * Dim` or `Dim + 1`), else None."""
+    from tvm import tirx
+
+    if isinstance(dim, tirx.Mul):
+        for k, v in ((dim.a, dim.b), (dim.b, dim.a)):
+            if isinstance(k, tirx.IntImm) and isinstance(v, tirx.Var):
+                return v, int(k.value), 0
+    if isinstance(dim, tirx.Add):
+        for v, c in ((dim.a, dim.b), (dim.b, dim.a)):
+            if isinstance(c, tirx.IntImm) and isinstance(v, tirx.Var):
+                return v, 1, int(c.value)
+    return None
+
+
+def _plain_input_dims(mod):
+    """Inputs with derived dims (`8 * s69` for an image height exported as `8 * Dim`) take a
+    plain dim instead: the VM cannot solve `H = 8 * s69` for s69 from an argument's shape.
+    The function then defines s69 = (H - offset) // scale from a shape match_cast and casts the
+    argument to its derived type, which checks at run time that H is such a multiple."""
+    import tvm
+    from tvm import relax, tirx
+
+    main = mod["main"]
+    new_params, prologue, defined = [], [], {}
+    for p in main.params:
+        shape = getattr(p.ty, "shape", None)
+        values = list(getattr(shape, "values", None) or [])
+        plain = []
+        for d in values:
+            solved = _solvable(d) if tvm.ir.is_prim_expr(d) else None
+            if solved is None:
+                plain.append(d)
+                continue
+            var, scale, offset = solved
+            h = tirx.Var(f"{var.name}_{scale}" if offset == 0 else f"{var.name}___{offset}",
+                         "int64")
+            plain.append(h)
+            if var.name not in defined:
+                defined[var.name] = var
+                prologue.append(relax.MatchCast(
+                    relax.Var(f"_{var.name}", relax.ShapeType([var])),
+                    relax.ShapeExpr([tirx.floordiv(h - offset, scale)]),
+                    relax.ShapeType([var])))
+        if len(plain) == len(values) and all(a.same_as(b) for a, b in zip(plain, values)):
+            new_params.append(p)
+            continue
+        new = relax.Var(p.name, relax.TensorType(plain, p.ty.dtype))
+        new_params.append(new)
+        prologue.append(relax.MatchCast(p, new, p.ty))
+    if not prologue:
+        return mod
+    # Shape definitions first, then the casts that use them.
+    prologue.sort(key=lambda b: not isinstance(b.ty, relax.ShapeType))
+    body = main.body
+    seq = relax.SeqExpr([relax.BindingBlock(prologue), *body.blocks], body.body)
+    func = relax.Function(new_params, seq, main.ret_ty, main.is_pure, main.attrs)
+    mod = mod.clone()
+    mod["main"] = func
+    return mod
 
 
 def _shape_vars(param) -> list:

@@ -488,6 +488,14 @@ def _recurrent_kernel(mod, gv, spec, args, library: bool):
     return kernel
 
 
+def _static_steps(spec, args) -> bool:
+    """The node's sequence length is a number (not a run-time dim)."""
+    from tvm import tirx
+
+    x = args[spec["inputs"].index("X")]
+    return isinstance(x.ty.shape.values[1 if spec["attrs"].get("layout") else 0], tirx.IntImm)
+
+
 def _recurrent_inputs(spec, kernel, rng):
     """Feeds for a recurrent kernel: floats normal, sequence_lens all full length (zeros, as
     random_inputs gives integers, would time sequences of no steps)."""
@@ -527,6 +535,14 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
     with tempfile.TemporaryDirectory(prefix="tvmopt-dispatch-rnn-") as tmp:
         for i, (gv, (spec, args)) in enumerate(ok.items()):
             key = onednn.recurrent_workload_key(spec, args)
+            if not _static_steps(spec, args):
+                # The codegen side is then an unscheduled loop kernel (a serial scalar loop
+                # nest, frontend rnn_loop) and there is no one length to time both at: the
+                # library's primitive takes the time dim at execution.
+                keep.add(gv)
+                choices.append(Choice(key, 1, "library", None, None,
+                                      reason="run-time sequence length"))
+                continue
             hit = cache.get(cache_key(key, target_text, ext_id))
             note, trusted, cached = "", True, hit is not None
             if hit is not None:

@@ -6,6 +6,12 @@ input projection of every step hoisted into one matmul, then the steps), its `RE
 attribute the node's description as JSON. The dispatch phase either replaces the call with the
 library's (kernels.onednn.lower_recurrent) or leaves it; `InlineRecurrent` then puts every body
 that is left back into its caller, so the rest of the pipeline sees plain ops.
+
+A body over a run-time sequence length (a loop kernel, frontend rnn_loop; its spec says
+"loop") stays a function of its own: it calls the kernel with output shapes in its parameters'
+dims, and TVM's inliner renames those dims without substituting them in a call_tir's output
+types (the caller would be left with undefined dims). As a function it matches its dims from
+its arguments at run time.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ def inline_recurrent(mod: tvm.IRModule, keep=()) -> tvm.IRModule:
     if not bodies:
         return mod
     mod = mod.clone()
+    for gv, func in list(bodies.items()):
+        if spec_of(func).get("loop"):
+            mod[gv] = func.without_attr(RECURRENT_ATTR)
+            del bodies[gv]
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and gv not in bodies:
             mod[gv] = func.inline_functions(bodies)

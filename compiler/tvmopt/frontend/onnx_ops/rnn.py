@@ -1,8 +1,10 @@
-"""RNN / GRU / LSTM, unrolled over a static sequence length.
+"""RNN / GRU / LSTM: unrolled over a static sequence length, a loop over a symbolic one.
 
-TVM 0.27's Relax frontend has no recurrent ops. The sequence length is static in the ONNX node
-cases and in most exported models, so each step is emitted as plain Relax ops (the input
-projection for all steps is one matmul up front). A symbolic sequence length is refused by name.
+TVM 0.27's Relax frontend has no recurrent ops. With a static sequence length (the ONNX node
+cases, many exported models) each step is emitted as plain Relax ops (the input projection for
+all steps is one matmul up front). With a symbolic one (a model exported with a dynamic
+sequence axis) the projection is the same matmul and the steps are one loop kernel per
+direction (rnn_loop), the time dim read at run time.
 `sequence_lens` (run-time, per batch entry) is honoured by masking: past a sequence's end its
 state is held and its Y rows are zero, as onnxruntime does (a sequence of no steps ends with zero
 states); reverse directions then start at each
@@ -30,10 +32,10 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _activations(op: str, attr: dict, num_dirs: int) -> list[list]:
-    """Per direction, a list of callables f(x) built from activations/alpha/beta attributes."""
-    from tvm import relax
-
+def _activation_specs(op: str, attr: dict, num_dirs: int) -> list[list[tuple]]:
+    """Per direction, the activations as (name, alpha, beta), from the activations /
+    activation_alpha / activation_beta attributes (alphas and betas are consumed in order by
+    the activations that take them, ONNX's defaults otherwise)."""
     names = [_text(a) for a in attr.get("activations", [])] or _DEFAULT_ACTS[op] * num_dirs
     per_dir = len(_DEFAULT_ACTS[op])
     if len(names) == per_dir and num_dirs == 2:
@@ -42,35 +44,48 @@ def _activations(op: str, attr: dict, num_dirs: int) -> list[list]:
         raise ValueError(f"{op} expects {per_dir * num_dirs} activations, got {len(names)}")
     alphas = list(attr.get("activation_alpha", []))
     betas = list(attr.get("activation_beta", []))
-
-    def make(name, dtype):
+    specs = []
+    for name in names:
         alpha = alphas.pop(0) if name in _ALPHA and alphas else _ALPHA.get(name)
         beta = betas.pop(0) if name in _BETA and betas else _BETA.get(name)
+        specs.append((name, alpha, beta))
+    return [specs[d * per_dir:(d + 1) * per_dir] for d in range(num_dirs)]
 
-        def c(v):
-            return relax.const(v, dtype)
 
-        table = {
-            "Tanh": relax.op.tanh,
-            "Sigmoid": relax.op.sigmoid,
-            "Relu": relax.op.nn.relu,
-            "Affine": lambda x: relax.op.add(relax.op.multiply(x, c(alpha)), c(beta)),
-            "LeakyRelu": lambda x: relax.op.nn.leakyrelu(x, alpha),
-            "ThresholdedRelu": lambda x: relax.op.where(relax.op.greater(x, c(alpha)), x, c(0.0)),
-            "ScaledTanh": lambda x: relax.op.multiply(
-                c(alpha), relax.op.tanh(relax.op.multiply(x, c(beta)))),
-            "HardSigmoid": lambda x: relax.op.clip(
-                relax.op.add(relax.op.multiply(x, c(alpha)), c(beta)), 0.0, 1.0),
-            "Elu": lambda x: relax.op.where(relax.op.greater(x, c(0.0)), x, relax.op.multiply(
-                c(alpha), relax.op.subtract(relax.op.exp(x), c(1.0)))),
-            "Softsign": lambda x: relax.op.divide(x, relax.op.add(c(1.0), relax.op.abs(x))),
-            "Softplus": lambda x: relax.op.log(relax.op.add(c(1.0), relax.op.exp(x))),
-        }
-        if name not in table:
-            raise ValueError(f"activation {name} is not supported")
-        return table[name]
+def _relax_act(spec: tuple, dtype: str):
+    """The activation (name, alpha, beta) as a callable f(x) on Relax expressions."""
+    from tvm import relax
 
-    return [names[d * per_dir:(d + 1) * per_dir] for d in range(num_dirs)], make
+    name, alpha, beta = spec
+
+    def c(v):
+        return relax.const(v, dtype)
+
+    table = {
+        "Tanh": relax.op.tanh,
+        "Sigmoid": relax.op.sigmoid,
+        "Relu": relax.op.nn.relu,
+        "Affine": lambda x: relax.op.add(relax.op.multiply(x, c(alpha)), c(beta)),
+        "LeakyRelu": lambda x: relax.op.nn.leakyrelu(x, alpha),
+        "ThresholdedRelu": lambda x: relax.op.where(relax.op.greater(x, c(alpha)), x, c(0.0)),
+        "ScaledTanh": lambda x: relax.op.multiply(
+            c(alpha), relax.op.tanh(relax.op.multiply(x, c(beta)))),
+        "HardSigmoid": lambda x: relax.op.clip(
+            relax.op.add(relax.op.multiply(x, c(alpha)), c(beta)), 0.0, 1.0),
+        "Elu": lambda x: relax.op.where(relax.op.greater(x, c(0.0)), x, relax.op.multiply(
+            c(alpha), relax.op.subtract(relax.op.exp(x), c(1.0)))),
+        "Softsign": lambda x: relax.op.divide(x, relax.op.add(c(1.0), relax.op.abs(x))),
+        "Softplus": lambda x: relax.op.log(relax.op.add(c(1.0), relax.op.exp(x))),
+    }
+    if name not in table:
+        raise ValueError(f"activation {name} is not supported")
+    return table[name]
+
+
+def _is_static_len(bb, x, axis: int) -> bool:
+    from tvm import tirx
+
+    return isinstance(bb.normalize(x).ty.shape.values[axis], tirx.IntImm)
 
 
 def _static_len(bb, x, axis: int, op: str) -> int:
@@ -98,7 +113,7 @@ def _split(bb, x, n: int, axis: int) -> list:
             for i in range(n)]
 
 
-def _direction(bb, op, attr, xw, r, rb, p, h0, c0, mask, steps, reverse, acts, make, dtype):
+def _direction(bb, op, attr, xw, r, rb, p, h0, c0, mask, steps, reverse, acts, dtype):
     """One direction: returns (list of H per step in time order, last H, last C)."""
     from tvm import relax
 
@@ -106,7 +121,7 @@ def _direction(bb, op, attr, xw, r, rb, p, h0, c0, mask, steps, reverse, acts, m
         return relax.const(v, dtype)
 
     clip = attr.get("clip")
-    fns = [make(a, dtype) for a in acts]
+    fns = [_relax_act(a, dtype) for a in acts]
 
     def act(i, x):
         if clip is not None:
@@ -181,8 +196,9 @@ def _json_attr(value):
 
 
 def _convert(op: str, bb, inputs, attr):
-    """The node as a call of a private function whose body is the unrolled recurrence and
-    whose RECURRENT_ATTR describes the node (see the module docstring)."""
+    """The node as a call of a private function whose body is the unrolled recurrence (or, over
+    a symbolic sequence length, the loop kernels) and whose RECURRENT_ATTR describes the node
+    (see the module docstring)."""
     import json
 
     from tvm import relax
@@ -194,7 +210,7 @@ def _convert(op: str, bb, inputs, attr):
         inputs[6:] = [None, None]
     present = [i for i, v in enumerate(inputs) if v is not None]
     args = [bb.normalize(inputs[i]) for i in present]
-    _static_len(bb, args[0], 1 if attr.get("layout", 0) else 0, op)  # refused by name here
+    static = _is_static_len(bb, args[0], 1 if attr.get("layout", 0) else 0)
     inner = relax.BlockBuilder()
     params = [relax.Var(_INPUTS[i], a.ty) for i, a in zip(present, args)]
     positional = [None] * 8
@@ -202,13 +218,16 @@ def _convert(op: str, bb, inputs, attr):
         positional[i] = v
     with inner.function(op.lower(), params, private=True):
         with inner.dataflow():
-            out = _unrolled(op, inner, positional, attr)
+            out = (_unrolled(op, inner, positional, attr) if static
+                   else _looped(op, bb, inner, positional, attr))
             out = inner.emit_output(out)
         inner.emit_func_output(out)
     # tvm_custom (the node's name, added by TVM's importer) is left out: the description is what
     # the node computes, shared by every node that computes the same.
     spec = {"op": op, "inputs": [_INPUTS[i] for i in present],
             "attrs": {k: _json_attr(v) for k, v in attr.items() if k != "tvm_custom"}}
+    if not static:
+        spec["loop"] = True
     func = inner.get()[op.lower()].with_attr(RECURRENT_ATTR, json.dumps(spec, sort_keys=True))
     gv = bb.add_func(func, f"tvmopt_{op.lower()}")
     return bb.emit(relax.Call(gv, args))
@@ -237,7 +256,7 @@ def _unrolled(op: str, bb, inputs, attr):
         c0 = None if c0 is None else bb.emit(relax.op.permute_dims(c0, [1, 0, 2]))
     steps = _static_len(bb, x, 0, op)
     batch = bb.normalize(x).ty.shape.values[1]
-    acts, make = _activations(op, attr, num_dirs)
+    acts = _activation_specs(op, attr, num_dirs)
 
     mask = None
     if seq_lens is not None:
@@ -272,7 +291,7 @@ def _unrolled(op: str, bb, inputs, attr):
         reverse = direction == "reverse" or d == 1
         ys, h, cell = _direction(bb, op, attr, xw_steps, r_d, rb, p_d, state(h0),
                                  state(c0) if op == "LSTM" else None, mask, steps, reverse,
-                                 acts[d], make, dtype)
+                                 acts[d], dtype)
         y_dirs.append(bb.emit(relax.op.stack(ys, axis=0)))  # [T, B, H]
         if mask is not None:
             h = bb.emit(relax.op.where(ended, h, relax.const(0.0, dtype)))
@@ -283,6 +302,81 @@ def _unrolled(op: str, bb, inputs, attr):
     y = bb.emit(relax.op.stack(y_dirs, axis=1))  # [T, D, B, H]
     y_h = bb.emit(relax.op.stack(h_last, axis=0))  # [D, B, H]
     outs = [y, y_h]
+    if op == "LSTM":
+        outs.append(bb.emit(relax.op.stack(c_last, axis=0)))
+    if layout:
+        outs[0] = relax.op.permute_dims(outs[0], [2, 0, 1, 3])  # [B, T, D, H]
+        outs[1:] = [relax.op.permute_dims(o, [1, 0, 2]) for o in outs[1:]]
+    return relax.Tuple([bb.normalize(o) for o in outs])
+
+
+def _looped(op: str, module_bb, bb, inputs, attr):
+    """The node with a run-time sequence length: per direction the input projection of all
+    steps as one matmul, then one loop kernel over time (rnn_loop). `module_bb` receives the
+    kernels (the body's own builder `bb` is a private function's)."""
+    from tvm import relax
+
+    from .rnn_loop import loop_kernel
+
+    inputs = list(inputs) + [None] * 8
+    x, w, r, b, seq_lens, h0, c0, p = inputs[:8]
+    if op != "LSTM":
+        c0 = p = None
+    x = bb.normalize(x)
+    dtype = str(x.ty.dtype)
+    layout = attr.get("layout", 0)
+    direction = _text(attr.get("direction", b"forward"))
+    num_dirs = 2 if direction == "bidirectional" else 1
+    gates = _GATES[op]
+    hidden = attr.get("hidden_size")
+    if hidden is None:
+        hidden = int(bb.normalize(r).ty.shape.values[-1].value)
+    if layout:  # [B, T, I] -> [T, B, I]; states [B, D, H] -> [D, B, H]
+        x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
+        h0 = None if h0 is None else bb.emit(relax.op.permute_dims(h0, [1, 0, 2]))
+        c0 = None if c0 is None else bb.emit(relax.op.permute_dims(c0, [1, 0, 2]))
+    steps, batch = bb.normalize(x).ty.shape.values[:2]
+    acts = _activation_specs(op, attr, num_dirs)
+    lens = None if seq_lens is None else bb.emit(relax.op.astype(seq_lens, "int64"))
+    state_ty = relax.TensorType([batch, hidden], dtype)
+
+    def take(t, d):  # direction d of a [D, ...] tensor
+        return bb.emit(relax.op.squeeze(relax.op.strided_slice(t, [0], [d], [d + 1]), [0]))
+
+    y_dirs, h_last, c_last = [], [], []
+    for d in range(num_dirs):
+        xw = relax.op.matmul(x, relax.op.permute_dims(take(w, d)))  # [T, B, G*H]
+        if b is not None:
+            wb, rb = _split(bb, take(b, d), 2, axis=0)
+            xw = relax.op.add(xw, wb)
+        else:
+            rb = relax.op.zeros(relax.ShapeExpr([gates * hidden]), dtype)
+        zeros = relax.op.zeros(relax.ShapeExpr([batch, hidden]), dtype)
+        args = [bb.emit(xw), take(r, d), bb.normalize(rb),
+                take(h0, d) if h0 is not None else bb.emit(zeros)]
+        if op == "LSTM":
+            args.append(take(c0, d) if c0 is not None else bb.emit(zeros))
+            if p is not None:
+                args.append(take(p, d))
+        if lens is not None:
+            args.append(lens)
+        kernel = loop_kernel(
+            op, hidden, dtype, acts[d], reverse=direction == "reverse" or d == 1,
+            clip=attr.get("clip"), linear_before_reset=bool(attr.get("linear_before_reset", 0)),
+            input_forget=bool(attr.get("input_forget", 0)), peepholes=p is not None,
+            lens=lens is not None)
+        gv = module_bb.add_func(kernel, f"tvmopt_{op.lower()}_loop")
+        outs = [relax.TensorType([steps, batch, hidden], dtype), state_ty]
+        if op == "LSTM":
+            outs.append(state_ty)
+        outs.append(relax.TensorType([batch, (gates + 1) * hidden], dtype))  # scratch
+        res = bb.emit(relax.call_tir(gv, args, outs))
+        y_dirs.append(bb.emit(relax.TupleGetItem(res, 0)))
+        h_last.append(bb.emit(relax.TupleGetItem(res, 1)))
+        if op == "LSTM":
+            c_last.append(bb.emit(relax.TupleGetItem(res, 2)))
+    outs = [bb.emit(relax.op.stack(y_dirs, axis=1)),  # [T, D, B, H]
+            bb.emit(relax.op.stack(h_last, axis=0))]  # [D, B, H]
     if op == "LSTM":
         outs.append(bb.emit(relax.op.stack(c_last, axis=0)))
     if layout:

@@ -25,6 +25,31 @@ def prim_of(value):
     return value if tvm.ir.is_prim_expr(value) else None
 
 
+def keep_scalar_dtype(result, inputs):
+    """A binary op TVM folded in numpy on known scalars (`Cast(H) / 2.0` for an image height
+    H) returns a Python number, which becomes a float64 (int64) scalar whatever the operands
+    were: the next op then mixes float64 with the graph's float32 ("Binary operators must have
+    the same datatype"). The folded value is given the operands' dtype back."""
+    from tvm import tirx
+
+    if not isinstance(result, (tirx.FloatImm, tirx.IntImm)):
+        return result
+    dtypes = set()
+    for v in inputs:
+        if v is None:
+            continue
+        dtype = getattr(getattr(v, "ty", None), "dtype", None)  # a scalar's or a tensor's
+        if dtype is None:
+            return result
+        dtypes.add(str(dtype))
+    if len(dtypes) != 1:
+        return result
+    (dtype,) = dtypes
+    if dtype == str(result.ty.dtype) or dtype == "bool":
+        return result
+    return tirx.const(result.value, dtype)
+
+
 def const_ints(value):
     """A constant integer tensor as a Python list (0-d: int), else None."""
     import numpy as np
@@ -433,6 +458,69 @@ def tighten_shape(bb, value, known_dims):
     if all(a.same_as(b) for a, b in zip(vals, new)) or any(_has_min_max(v) for v in new):
         return value
     return bb.match_cast(_bound(bb, value), relax.TensorType(new, ty.dtype))
+
+
+def agree_broadcast_dims(bb, inputs: list) -> list:
+    """Operands of a broadcasting op whose dims are the same number written two ways (a
+    convolution stack's output length `(n - 105) // 80 + 1` beside a reshape's nested
+    `1 + (((n // 5) - 9) // 4 - 3) // 4`; a padded window count beside the mask built for it):
+    the result's shape is unknown to Relax and the next reshape fails ("Reshape expects the
+    input tensor to have known shape"). ONNX broadcasting requires dims that are not 1 to be
+    equal, so the operands are asserted (match_cast, checked when the artifact runs) to the
+    simplest spelling of each such dim (floor division before ONNX's truncating one, else the
+    shorter); a static dim beside a symbolic one is left to broadcasting as before. Dims that are 1, or may be 1 on one side only
+    as a literal, broadcast as before."""
+    from tvm import relax, tirx
+
+    tensors = [(i, v) for i, v in enumerate(inputs)
+               if isinstance(getattr(v, "ty", None), relax.TensorType)
+               and isinstance(v.ty.shape, relax.ShapeExpr)]
+    if len(tensors) < 2:
+        return inputs
+    rank = max(len(v.ty.shape.values) for _, v in tensors)
+    agreed = []
+    for axis in range(rank):
+        dims = []
+        for _, v in tensors:
+            vals = v.ty.shape.values
+            k = axis - (rank - len(vals))
+            if k >= 0 and not (isinstance(vals[k], tirx.IntImm) and vals[k].value == 1):
+                dims.append(vals[k])
+        if len(dims) < 2 or all(tvm_equal(dims[0], d) for d in dims[1:]):
+            agreed.append(None)
+            continue
+        if any(isinstance(d, tirx.IntImm) for d in dims):
+            # A number beside an expression: not two spellings of one length for certain (a
+            # slice to INT_MAX on an unknown dim has a bogus static length); left as it was.
+            agreed.append(None)
+            continue
+        agreed.append(min(dims, key=_spelling_cost))
+    if all(a is None for a in agreed):
+        return inputs
+    out = list(inputs)
+    for i, v in tensors:
+        vals = list(v.ty.shape.values)
+        new = list(vals)
+        for k in range(len(vals)):
+            a = agreed[k + rank - len(vals)]
+            if a is not None and not (isinstance(vals[k], tirx.IntImm) and vals[k].value == 1):
+                new[k] = a
+        if not all(tvm_equal(x, y) for x, y in zip(vals, new)):
+            out[i] = bb.match_cast(_bound(bb, v), relax.TensorType(new, v.ty.dtype))
+    return out
+
+
+def _spelling_cost(dim) -> tuple:
+    """Floor division before truncating division (ONNX's integer Div; TVM's index analysis
+    cannot split loops over truncated quotients), then the shorter expression."""
+    text = str(dim)
+    return ("T.Div(" in text or "truncdiv" in text, len(text))
+
+
+def tvm_equal(a, b) -> bool:
+    import tvm.ir.prim
+
+    return bool(tvm.ir.prim.expr_deep_equal(a, b))
 
 
 def _bound(bb, value):
