@@ -1064,6 +1064,10 @@ def _composite_ops(func: relax.Function):
     return calls
 
 
+# The ops of a chain that bound it (ReLU6 as clip, or as maximum / minimum by constants).
+_CLIPS = ("relax.clip", "relax.maximum", "relax.minimum")
+
+
 @relax.expr_functor.mutator
 class _Lower(relax.PyExprMutator):
     def __init__(self, mod, layout, compute):
@@ -1110,6 +1114,13 @@ class _Lower(relax.PyExprMutator):
     @staticmethod
     def _resolve(env, e):
         return env.get(e, e)
+
+    def _clip(self, env, name, val, lo, hi):
+        """The clip bounds (lo, hi) after one of _CLIPS in a composite's chain."""
+        if name == "relax.clip":
+            return _scalar(val.args[1]), _scalar(val.args[2])
+        bound = _scalar(self._resolve(env, val.args[1]))
+        return (bound, hi) if name == "relax.maximum" else (lo, bound)
 
     def _bf16(self, x, compute):
         """A bf16 call's activation operand, converted by an astype before the call.
@@ -1242,12 +1253,8 @@ class _Lower(relax.PyExprMutator):
             elif name == "relax.add":
                 other = [a for a in val.args if _const_array(self._resolve(env, a)) is not None]
                 bias = relax.const(const(other[0]).reshape(-1).astype(np.float32), "float32")
-            elif name == "relax.clip":
-                act, lo, hi = ACT_CLIP, _scalar(val.args[1]), _scalar(val.args[2])
-            elif name == "relax.maximum":
-                act, lo = ACT_CLIP, _scalar(self._resolve(env, val.args[1]))
-            elif name == "relax.minimum":
-                act, hi = ACT_CLIP, _scalar(self._resolve(env, val.args[1]))
+            elif name in _CLIPS:
+                act, (lo, hi) = ACT_CLIP, self._clip(env, name, val, lo, hi)
             else:
                 act = {"relax.nn.relu": ACT_RELU, "relax.nn.gelu": ACT_GELU_ERF,
                        "relax.nn.gelu_tanh": ACT_GELU_TANH}[name]
@@ -1359,12 +1366,8 @@ class _Lower(relax.PyExprMutator):
                     post_relu = 1
                 else:
                     act = ACT_RELU
-            elif name == "relax.clip":
-                act, lo, hi = ACT_CLIP, _scalar(val.args[1]), _scalar(val.args[2])
-            elif name == "relax.maximum":
-                act, lo = ACT_CLIP, _scalar(self._resolve(env, val.args[1]))
-            elif name == "relax.minimum":
-                act, hi = ACT_CLIP, _scalar(self._resolve(env, val.args[1]))
+            elif name in _CLIPS:
+                act, (lo, hi) = ACT_CLIP, self._clip(env, name, val, lo, hi)
             else:
                 raise ValueError(f"unexpected op {name} in oneDNN dynamic int8 conv composite")
         args = [data, weight, relax.const(wscale, "float32")]

@@ -233,7 +233,9 @@ def _convert(op: str, bb, inputs, attr):
     return bb.emit(relax.Call(gv, args))
 
 
-def _unrolled(op: str, bb, inputs, attr):
+def _operands(op: str, bb, inputs, attr):
+    """The node's operands time-major ([T, B, I], states [D, B, H]) and its attributes, as both
+    the unrolled and the looped forms read them (attr gains hidden_size when it was implied)."""
     from tvm import relax
 
     inputs = list(inputs) + [None] * 8
@@ -254,6 +256,29 @@ def _unrolled(op: str, bb, inputs, attr):
         x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
         h0 = None if h0 is None else bb.emit(relax.op.permute_dims(h0, [1, 0, 2]))
         c0 = None if c0 is None else bb.emit(relax.op.permute_dims(c0, [1, 0, 2]))
+    return (x, w, r, b, seq_lens, h0, c0, p, dtype, layout, direction, num_dirs, gates, hidden,
+            attr)
+
+
+def _outputs(op: str, bb, layout, y_dirs, h_last, c_last):
+    """Y [T, D, B, H], Y_h [D, B, H] (and Y_c for LSTM) from the per-direction results, in the
+    node's layout."""
+    from tvm import relax
+
+    outs = [bb.emit(relax.op.stack(y_dirs, axis=1)), bb.emit(relax.op.stack(h_last, axis=0))]
+    if op == "LSTM":
+        outs.append(bb.emit(relax.op.stack(c_last, axis=0)))
+    if layout:
+        outs[0] = relax.op.permute_dims(outs[0], [2, 0, 1, 3])  # [B, T, D, H]
+        outs[1:] = [relax.op.permute_dims(o, [1, 0, 2]) for o in outs[1:]]
+    return relax.Tuple([bb.normalize(o) for o in outs])
+
+
+def _unrolled(op: str, bb, inputs, attr):
+    from tvm import relax
+
+    (x, w, r, b, seq_lens, h0, c0, p, dtype, layout, direction, num_dirs, gates, hidden,
+     attr) = _operands(op, bb, inputs, attr)
     steps = _static_len(bb, x, 0, op)
     batch = bb.normalize(x).ty.shape.values[1]
     acts = _activation_specs(op, attr, num_dirs)
@@ -299,15 +324,7 @@ def _unrolled(op: str, bb, inputs, attr):
                 cell = bb.emit(relax.op.where(ended, cell, relax.const(0.0, dtype)))
         h_last.append(h)
         c_last.append(cell)
-    y = bb.emit(relax.op.stack(y_dirs, axis=1))  # [T, D, B, H]
-    y_h = bb.emit(relax.op.stack(h_last, axis=0))  # [D, B, H]
-    outs = [y, y_h]
-    if op == "LSTM":
-        outs.append(bb.emit(relax.op.stack(c_last, axis=0)))
-    if layout:
-        outs[0] = relax.op.permute_dims(outs[0], [2, 0, 1, 3])  # [B, T, D, H]
-        outs[1:] = [relax.op.permute_dims(o, [1, 0, 2]) for o in outs[1:]]
-    return relax.Tuple([bb.normalize(o) for o in outs])
+    return _outputs(op, bb, layout, y_dirs, h_last, c_last)
 
 
 def _looped(op: str, module_bb, bb, inputs, attr):
@@ -318,23 +335,8 @@ def _looped(op: str, module_bb, bb, inputs, attr):
 
     from .rnn_loop import loop_kernel
 
-    inputs = list(inputs) + [None] * 8
-    x, w, r, b, seq_lens, h0, c0, p = inputs[:8]
-    if op != "LSTM":
-        c0 = p = None
-    x = bb.normalize(x)
-    dtype = str(x.ty.dtype)
-    layout = attr.get("layout", 0)
-    direction = _text(attr.get("direction", b"forward"))
-    num_dirs = 2 if direction == "bidirectional" else 1
-    gates = _GATES[op]
-    hidden = attr.get("hidden_size")
-    if hidden is None:
-        hidden = int(bb.normalize(r).ty.shape.values[-1].value)
-    if layout:  # [B, T, I] -> [T, B, I]; states [B, D, H] -> [D, B, H]
-        x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
-        h0 = None if h0 is None else bb.emit(relax.op.permute_dims(h0, [1, 0, 2]))
-        c0 = None if c0 is None else bb.emit(relax.op.permute_dims(c0, [1, 0, 2]))
+    (x, w, r, b, seq_lens, h0, c0, p, dtype, layout, direction, num_dirs, gates, hidden,
+     attr) = _operands(op, bb, inputs, attr)
     steps, batch = bb.normalize(x).ty.shape.values[:2]
     acts = _activation_specs(op, attr, num_dirs)
     lens = None if seq_lens is None else bb.emit(relax.op.astype(seq_lens, "int64"))
@@ -375,14 +377,7 @@ def _looped(op: str, module_bb, bb, inputs, attr):
         h_last.append(bb.emit(relax.TupleGetItem(res, 1)))
         if op == "LSTM":
             c_last.append(bb.emit(relax.TupleGetItem(res, 2)))
-    outs = [bb.emit(relax.op.stack(y_dirs, axis=1)),  # [T, D, B, H]
-            bb.emit(relax.op.stack(h_last, axis=0))]  # [D, B, H]
-    if op == "LSTM":
-        outs.append(bb.emit(relax.op.stack(c_last, axis=0)))
-    if layout:
-        outs[0] = relax.op.permute_dims(outs[0], [2, 0, 1, 3])  # [B, T, D, H]
-        outs[1:] = [relax.op.permute_dims(o, [1, 0, 2]) for o in outs[1:]]
-    return relax.Tuple([bb.normalize(o) for o in outs])
+    return _outputs(op, bb, layout, y_dirs, h_last, c_last)
 
 
 def _make(op: str):
