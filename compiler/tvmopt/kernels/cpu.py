@@ -791,8 +791,9 @@ class RowReductionRule(_LLVMRule):
     adds (float addition is not reassociated), so a norm or softmax runs at the add latency,
     not the vector width. Here each reduction over the innermost axis is first split into
     `lanes` partial sums (rfactor): the partials accumulate as one vector, and only they are
-    summed at the end. Kernels this does not fit (a symbolic or ragged row, several reduction
-    axes) go to dlight's rule unchanged.
+    summed at the end. A row must be whole vectors: a static length that is, or a symbolic one
+    provably so (softmax pads its rows: passes.fast_math). Kernels this does not fit (another
+    row, several reduction axes) go to dlight's rule unchanged.
     """
 
     def __init__(self, params: CPUParams | None = None):

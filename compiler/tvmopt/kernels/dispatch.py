@@ -130,13 +130,9 @@ def _with_bf16_params(mod, name, gv, params, call_args, convert: bool):
     remap = dict(zip(params, new))
     bb = relax.BlockBuilder(mod)
     with bb.function(name, new, {"global_symbol": name}):
-        args = []
-        for a in call_args:
-            if isinstance(a, relax.Var) and a in remap and remap[a] is not a:
-                a = bb.emit(relax.op.astype(remap[a], "float32"))
-            elif isinstance(a, relax.Var) and a in remap:
-                a = remap[a]
-            args.append(a)
+        args = [bb.emit(relax.op.astype(remap[a], "float32"))
+                if isinstance(a, relax.Var) and a in remap and remap[a] is not a else a
+                for a in call_args]
         bb.emit_func_output(bb.emit(relax.Call(gv, args)))
     return bb.get(), idx
 

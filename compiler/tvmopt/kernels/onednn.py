@@ -1426,10 +1426,12 @@ class _Lower(relax.PyExprMutator):
 _BF16_OUT_FUNCS = (CONV_FUNC, MATMUL_FUNC, BMM_FUNC)
 
 
-def _is_bf16_astype(e, var) -> bool:
-    return (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)
-            and e.op.name == "relax.astype" and str(e.attrs.dtype) == "bfloat16"
-            and e.args[0].same_as(var))
+def _bf16_astype_of(e):
+    """The operand of `e` when `e` is an astype to bf16, else None."""
+    if (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)
+            and e.op.name == "relax.astype" and str(e.attrs.dtype) == "bfloat16"):
+        return e.args[0]
+    return None
 
 
 @relax.expr_functor.mutator
@@ -1441,7 +1443,6 @@ class _Bf16Outputs(relax.PyExprMutator):
     def __init__(self, mod, narrowed):
         super().__init__(mod)
         self.narrowed = narrowed  # vars of the calls to narrow
-        self.casts = {}  # astype var -> the narrowed call's var it becomes
 
     def visit_var_binding_(self, binding):
         value = binding.value
@@ -1470,43 +1471,29 @@ def _compute_of(call) -> int | None:
 
 
 def _bf16_outputs(mod: tvm.IRModule) -> tvm.IRModule:
+    """Narrow to bf16 the output of each bf16 library call that only bf16 astypes read."""
     for gv, func in list(mod.functions.items()):
-        if not isinstance(func, relax.Function):
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
-        calls, uses = {}, {}
-
-        def visit(e):
-            if isinstance(e, relax.VarBinding):
-                v = e.value
+        calls, casts, aliased = set(), {}, set()
+        for block in func.body.blocks:
+            for b in block.bindings:
+                v = b.value
                 if (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
                         and v.op.name == "relax.call_dps_packed"
                         and str(v.args[0].global_symbol) in _BF16_OUT_FUNCS
                         and str(getattr(v.ty, "dtype", "")) == "float32"
                         and _compute_of(v) == COMPUTE["bf16"]):
-                    calls[e.var] = v
-
-        aliased = set()
-        for block in func.body.blocks if isinstance(func.body, relax.SeqExpr) else []:
-            for b in block.bindings:
-                visit(b)
-                if isinstance(b.value, relax.Var):  # `z = y` or a match_cast: a plain use
-                    aliased.add(b.value)
-
-        def count(e):
-            children = []
-            if isinstance(e, relax.Call):
-                children = list(e.args)
-            elif isinstance(e, relax.Tuple):
-                children = list(e.fields)
-            for a in children:
-                if isinstance(a, relax.Var) and a in calls:
-                    uses.setdefault(a, []).append(e)
-
-        relax.analysis.post_order_visit(func, count)
-        body = func.body.body if isinstance(func.body, relax.SeqExpr) else None
+                    calls.add(b.var)
+                elif isinstance(v, relax.Var):  # `z = y` or a match_cast: a plain use
+                    aliased.add(v)
+                elif _bf16_astype_of(v) is not None:
+                    casts[v.args[0]] = casts.get(v.args[0], 0) + 1
+        uses = _use_counts(func)
+        body = func.body.body
         narrowed = {v for v in calls
-                    if uses.get(v) and all(_is_bf16_astype(u, v) for u in uses[v])
-                    and v not in aliased and not (isinstance(body, relax.Var) and body.same_as(v))}
+                    if casts.get(v, 0) and uses.get(v) == casts[v] and v not in aliased
+                    and not (isinstance(body, relax.Var) and body.same_as(v))}
         if narrowed:
             mod[gv] = _Bf16Outputs(mod, narrowed).visit_expr(func)
     return mod
