@@ -65,7 +65,7 @@ def test_untrusted_kernel_timings_are_not_cached_and_compile_says_so(tmp_path, m
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
     busy = Measurement(1.0, 1.0, 1.7, timing.RETRIES + 1)
-    monkeypatch.setattr(dispatch, "measure_call", lambda vm, name, inputs: busy)
+    monkeypatch.setattr(dispatch, "measure_call", lambda vm, name, inputs, roof=None: busy)
     import onnx
 
     mod = import_onnx(onnx.load(_small_cnn(tmp_path / "cnn.onnx"))).mod
@@ -90,13 +90,13 @@ def test_a_kernels_sides_are_retimed_in_turn_while_one_was_timed_under_load(monk
               ("cg", 1): timing.Measurement(2.1, 2.1, 0.0),
               ("lib", 1): timing.Measurement(1.0, 1.0, 0.0)}
 
-    def measure(vm, name, inputs):
+    def measure(vm, name, inputs, roof=None):
         n = sum(1 for c in calls if c == vm)
         calls.append(vm)
         return script[(vm, n)]
 
     monkeypatch.setattr(dispatch, "measure_call", measure)
-    best = dispatch._time_sides({"lib": ("lib", []), "cg": ("cg", [])}, "k")
+    best = dispatch._time_sides({"lib": ("lib", [], None), "cg": ("cg", [], None)}, "k")
     assert calls == ["lib", "cg", "cg", "lib"]
     assert best["lib"].ms == 1.0 and best["lib"].trusted
     assert best["cg"].ms == 2.0
@@ -106,9 +106,9 @@ def test_trusted_sides_are_timed_once(monkeypatch):
     from tvmopt.kernels import dispatch, timing
 
     calls = []
-    monkeypatch.setattr(dispatch, "measure_call", lambda vm, name, inputs: (
+    monkeypatch.setattr(dispatch, "measure_call", lambda vm, name, inputs, roof=None: (
         calls.append(vm), timing.Measurement(1.0, 1.0, 0.0))[1])
-    dispatch._time_sides({"a": ("a", []), "b": ("b", []), "c": ("c", [])}, "k")
+    dispatch._time_sides({"a": ("a", [], None), "b": ("b", [], None), "c": ("c", [], None)}, "k")
     assert calls == ["a", "b", "c"]
 
 
@@ -131,7 +131,7 @@ def test_an_untrusted_timing_keeps_the_library_call(tmp_path, monkeypatch):
 
     ms = cycle([3.0, 1.0, 1.0, 3.0])
 
-    def measure(vm, name, inputs):
+    def measure(vm, name, inputs, roof=None):
         v = next(ms)
         return timing.Measurement(v, v, 1.5)
 
@@ -142,3 +142,78 @@ def test_an_untrusted_timing_keeps_the_library_call(tmp_path, monkeypatch):
     choices = res.artifact.manifest["kernels"]["choices"]
     assert choices and all(not c["trusted"] for c in choices)
     assert all(c["choice"] == "library" and "not trusted" in c["reason"] for c in choices)
+
+
+def test_a_time_under_the_roofline_floor_is_not_trusted(monkeypatch):
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")
+    # 1 GFLOP on two cores of 100 GFLOP/s each, turbo allowed: at least 1/(2*100*TURBO) s
+    r = timing.roof(1e9, 0.0, 100.0, 300.0, library=False)
+    assert r.floor_ms == pytest.approx(1e3 / (2 * 100 * timing.TURBO))
+    assert r.ceiling_ms is None
+    assert Measurement(r.floor_ms * 1.5, r.floor_ms * 1.5, 0.0, roof=r).trusted
+    fast = Measurement(r.floor_ms / 3, r.floor_ms / 3, 0.0, roof=r)
+    assert not fast.trusted and "under the roofline floor" in fast.why_untrusted()
+
+
+def test_a_library_time_far_over_its_roofline_is_retimed_then_not_trusted(monkeypatch):
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")
+    r = timing.roof(1e9, 4e6, 100.0, 300.0, library=True)
+    slow = r.ceiling_ms * 2
+    assert r.ceiling_ms == pytest.approx(timing.CEILING_FLOORS * r.floor_ms
+                                         + timing.CEILING_FIXED_MS)
+    samples = iter([(slow, slow, 0.0), (r.floor_ms * 2, r.floor_ms * 2, 0.0)])
+    monkeypatch.setattr(timing, "_sample", lambda f, inputs: next(samples))
+    m = timing.measure_call({"k": None}, "k", [], r)
+    assert (m.attempts, m.trusted) == (2, True)  # the burst was re-timed away
+    monkeypatch.setattr(timing, "_sample", lambda f, inputs: (slow, slow, 0.0))
+    m = timing.measure_call({"k": None}, "k", [], r)
+    assert not m.trusted and "roofline floor" in m.why_untrusted()
+
+
+def test_no_roof_without_the_hosts_peak_or_the_kernels_flops():
+    assert timing.roof(1e9, 1e6, None, 300.0, library=True) is None
+    assert timing.roof(0.0, 1e6, 100.0, 300.0, library=True) is None
+
+
+def test_dispatch_gives_each_side_the_roof_of_its_precision(tmp_path, monkeypatch):
+    """The library sides get a floor at their precision's peak and a ceiling; the codegen side
+    only a floor (an untuned loop nest may be far from peak); the roof's FLOPs are the
+    kernel's."""
+    onednn = pytest.importorskip("tvmopt.kernels.onednn")
+    try:
+        onednn.load_extension()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.kernels import dispatch
+    from tvmopt.runtime.in_memory import host_target
+
+    from .test_onednn import _small_cnn
+
+    peaks, _ = dispatch._host_figures()
+    if "fp32" not in peaks:
+        pytest.skip("this host's target entry lists no fp32 peak")
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    seen = []
+
+    def measure(vm, name, inputs, roof=None):
+        seen.append(roof)
+        return Measurement(1.0, 1.0, 0.0)
+
+    monkeypatch.setattr(dispatch, "measure_call", measure)
+    import onnx
+
+    mod = import_onnx(onnx.load(_small_cnn(tmp_path / "cnn.onnx"))).mod
+    cfg = pipeline.PipelineConfig(dispatch="auto", library_compute=("fp32",))
+    pipeline.optimize(mod, host_target().to_tvm(), cfg, until="dispatch")
+    assert cfg.dispatch_choices and len(seen) == 2 * len(cfg.dispatch_choices)
+    lib, cg = seen[0::2], seen[1::2]  # per kernel: library (fp32), then codegen
+    assert all(r is not None and r.ceiling_ms > r.floor_ms > 0 for r in lib)
+    assert all(r is not None and r.ceiling_ms is None for r in cg)
+    assert [r.floor_ms for r in lib] == [r.floor_ms for r in cg]  # same FLOPs, same peak
+    # the floor is the kernel's FLOPs at one core's peak (threads=1), turbo allowed
+    flops = [r.floor_ms * 1e-3 * peaks["fp32"] * 1e9 * timing.TURBO for r in lib]
+    conv3x3 = 2 * 8 * 8 * 9 * 16 * 16  # the model's 3x3 convolutions, multiply-adds as 2
+    assert max(flops) == pytest.approx(conv3x3, rel=0.05), flops

@@ -204,7 +204,7 @@ def bf16_always_faster(tmp_path, monkeypatch):
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
     ms = cycle([2.0, 1.0, 4.0])
     monkeypatch.setattr(dispatch, "measure_call",
-                        lambda vm, name, inputs: timing.Measurement(*(2 * [next(ms)]), 0.0))
+                        lambda vm, name, inputs, roof=None: timing.Measurement(*(2 * [next(ms)]), 0.0))
 
 
 def _cnn(tmp_path):
@@ -223,7 +223,7 @@ def test_bf16_kernels_are_timed_on_bf16_activations(tmp_path, monkeypatch):
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
     seen = []
 
-    def measure(vm, name, inputs):
+    def measure(vm, name, inputs, roof=None):
         seen.append(tuple(str(t.dtype) for t in inputs if hasattr(t, "dtype")))
         return timing.Measurement(1.0, 1.0, 0.0)
 

@@ -17,6 +17,7 @@ target returning passes.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from dataclasses import asdict, dataclass
@@ -25,7 +26,7 @@ import numpy as np
 
 from .. import fallbacks
 from ..errors import error_line
-from .timing import TimingCache, cache_key, measure_call, random_inputs, timing_dims
+from .timing import TimingCache, cache_key, measure_call, random_inputs, roof, timing_dims
 
 MARGIN = 0.95  # library chosen when library_ms < MARGIN * codegen_ms
 
@@ -144,20 +145,68 @@ SIDE_ROUNDS = 2
 
 
 def _time_sides(sides: dict, name: str) -> dict:
-    """{side: Measurement} of `vm[name](*inputs)` for each side (vm, inputs): every side in
-    turn, in the other order each round, until all are trusted or SIDE_ROUNDS ran."""
+    """{side: Measurement} of `vm[name](*inputs)` for each side (vm, inputs, Roof or None):
+    every side in turn, in the other order each round, until all are trusted or SIDE_ROUNDS
+    ran."""
     best = {}
     order = list(sides)
     for r in range(SIDE_ROUNDS):
         for side in (order if r % 2 == 0 else order[::-1]):
-            vm, inputs = sides[side]
-            m = measure_call(vm, name, inputs)
+            vm, inputs, bounds = sides[side]
+            m = measure_call(vm, name, inputs, bounds)
             old = best.get(side)
             if old is None or (m.trusted, -m.ms) > (old.trusted, -old.ms):
                 best[side] = m
         if all(m.trusted for m in best.values()):
             break
     return best
+
+
+@functools.lru_cache(maxsize=1)
+def _host_figures() -> tuple[dict, float | None]:
+    """({dtype: peak GFLOP/s per core}, memory GB/s) of this host, for the timings' roofs."""
+    from ..targets.registry import detect_host
+
+    try:
+        host = detect_host()
+    except Exception:  # noqa: BLE001 - no figures only means no roofline check
+        return {}, None
+    return {d: p.value for d, p in host.peak_gflops.items()}, host.bandwidth_gbs()
+
+
+def _kernel_size(func) -> tuple[float, float] | None:
+    """(FLOPs, bytes of its tensors) of a statically shaped kernel function, or None."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    tys = [p.ty for p in func.params] + [func.ret_ty]
+    if not all(isinstance(t, relax.TensorType) and t.shape is not None
+               and all(isinstance(d, tvm.tirx.IntImm) for d in t.shape.values) for t in tys):
+        return None
+    try:
+        legal = relax.transform.LegalizeOps()(tvm.IRModule({"main": func}))
+        flops = sum(float(estimate_tir_flops(tvm.IRModule({"f": f})))
+                    for f in legal.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    except Exception:  # noqa: BLE001 - a loop nest TVM's estimator cannot count: no roof
+        return None
+    nbytes = sum(float(np.prod([int(d) for d in t.shape.values]))
+                 * tvm.DataType(str(t.dtype)).bits // 8 for t in tys)
+    return flops, nbytes
+
+
+def _roofs(func, quantized: bool, sides) -> dict:
+    """{side: Roof or None} of one kernel: each side at the peak of the precision it computes
+    in (a quantized group's library call is int8)."""
+    size = _kernel_size(func)
+    peaks, bandwidth = _host_figures()
+    out = {}
+    for side in sides:
+        library = isinstance(side, str)
+        dtype = ("int8" if quantized else "bf16" if side == "library_bf16_ms" else "fp32") \
+            if library else "fp32"
+        out[side] = roof(*size, peaks.get(dtype), bandwidth, library) if size else None
+    return out
 
 
 def _as_bf16(arrays, idx, dev):
@@ -297,7 +346,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
                                          if c == "bf16" else inputs)
                          for c, vm in vm_lib.items()}
                 sides.update({("codegen", by): (vm, inputs) for by, vm in vm_cg.items()})
-                best = _time_sides(sides, name)
+                roofs = _roofs(cg_mod[name], onednn.is_quantized(groups[by_key[k][0]]), sides)
+                best = _time_sides({s: (*v, roofs[s]) for s, v in sides.items()}, name)
                 ms = {f: m for f, m in best.items() if isinstance(f, str)}
                 cg = min(((m, f[1]) for f, m in best.items() if not isinstance(f, str)),
                          key=lambda mb: mb[0].ms)

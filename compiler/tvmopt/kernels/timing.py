@@ -8,6 +8,12 @@ time other processes used meanwhile (foreign load) and how far its samples sprea
 measurement that stays loaded or noisy after re-timing is returned untrusted, and the timing
 cache refuses to store it, so one compile on a busy machine cannot fix a bad choice for every
 later compile.
+
+A measurement is also checked against the roofline of this host (`Roof`): a kernel cannot run
+faster than its FLOPs at the host's peak allow, so a sample under that floor did not measure
+the kernel's work; and a library kernel far above its roofline time was slowed by something the
+load figure missed (a burst in another VM on the same cores), so it is re-timed, and not cached
+if it stays there.
 """
 
 from __future__ import annotations
@@ -32,6 +38,14 @@ TIMING_METHOD = "both-sides-on-the-openmp-team"
 FOREIGN_LOAD_LIMIT = 0.25
 SPREAD = 1.3
 RETRIES = 2  # re-timings of an untrusted measurement before it is returned as it is
+# The host's peaks are at the reference part's base clock; a core in turbo runs up to this much
+# faster, so the floor divides by it.
+TURBO = 2.0
+# A library kernel slower than this many floors, plus a call's fixed cost, is not trusted:
+# oneDNN reaches a good share of peak on the shapes it is given, and what remains between it and
+# the floor is memory traffic the whole-socket bandwidth figure understates on a slice of a host.
+CEILING_FLOORS = 100.0
+CEILING_FIXED_MS = 0.2
 
 
 def host_id() -> str:
@@ -145,6 +159,42 @@ def random_inputs(func, rng, dims: dict[str, int] | None = None) -> list[np.ndar
 
 
 @dataclass(frozen=True)
+class Roof:
+    """What one kernel's time may be on this host: at least `floor_ms` (its FLOPs at the host's
+    peak for its precision), and for a library kernel at most `ceiling_ms`."""
+
+    floor_ms: float
+    ceiling_ms: float | None = None
+
+    def holds(self, ms: float) -> bool:
+        return ms >= self.floor_ms and (self.ceiling_ms is None or ms <= self.ceiling_ms)
+
+    def why(self, ms: float) -> str:
+        if ms < self.floor_ms:
+            return (f"{ms:.4g} ms is under the roofline floor of {self.floor_ms:.4g} ms: the "
+                    "timed call did not do the kernel's work")
+        return (f"{ms:.4g} ms is over {CEILING_FLOORS:g}x the roofline floor of "
+                f"{self.floor_ms:.4g} ms for a library kernel")
+
+
+def roof(flops: float, nbytes: float, peak_gflops_per_core: float | None,
+         bandwidth_gbs: float | None, library: bool) -> Roof | None:
+    """The Roof of a kernel doing `flops` and moving `nbytes` on the `threads()` cores it is
+    timed on, or None when the host's figures or the kernel's FLOPs are unknown.
+
+    The floor is the FLOPs alone: a kernel timed in a loop keeps its operands in cache, which
+    feeds the cores faster than the memory bandwidth figure, so bytes only raise the ceiling."""
+    if not peak_gflops_per_core or flops <= 0:
+        return None
+    cores = int(threads()) if threads().isdigit() else 1
+    floor_ms = flops / (peak_gflops_per_core * 1e9 * max(1, cores) * TURBO) * 1e3
+    if not library:
+        return Roof(floor_ms)
+    memory_ms = nbytes / (bandwidth_gbs * 1e9) * 1e3 if bandwidth_gbs else 0.0
+    return Roof(floor_ms, CEILING_FLOORS * max(floor_ms, memory_ms) + CEILING_FIXED_MS)
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One kernel's timing on this host.
 
@@ -159,15 +209,19 @@ class Measurement:
     median_ms: float
     foreign_load: float
     attempts: int = 1
+    roof: Roof | None = None
 
     @property
     def trusted(self) -> bool:
-        return self.foreign_load < FOREIGN_LOAD_LIMIT and self.median_ms <= SPREAD * self.ms
+        return (self.foreign_load < FOREIGN_LOAD_LIMIT and self.median_ms <= SPREAD * self.ms
+                and (self.roof is None or self.roof.holds(self.ms)))
 
     def why_untrusted(self) -> str:
         if self.foreign_load >= FOREIGN_LOAD_LIMIT:
             return f"other processes used {self.foreign_load:.2f} cores while it was timed"
-        return f"samples spread from {self.ms:.4g} to {self.median_ms:.4g} ms (median)"
+        if self.median_ms > SPREAD * self.ms:
+            return f"samples spread from {self.ms:.4g} to {self.median_ms:.4g} ms (median)"
+        return self.roof.why(self.ms) if self.roof is not None else ""
 
 
 def _busy_seconds() -> tuple[float, float]:
@@ -201,19 +255,20 @@ def _sample(f, inputs) -> tuple[float, float, float]:
     return float(np.min(samples) * 1e3), float(np.median(samples) * 1e3), foreign
 
 
-def measure_call(vm, name: str, inputs) -> Measurement:
-    """Time `vm[name](*inputs)`, re-timing up to RETRIES times while the machine is loaded or
-    the samples spread; the best of the attempts is returned (trusted or not)."""
+def measure_call(vm, name: str, inputs, roof: Roof | None = None) -> Measurement:
+    """Time `vm[name](*inputs)`, re-timing up to RETRIES times while the machine is loaded,
+    the samples spread or the time is outside `roof`; the best of the attempts is returned
+    (trusted or not)."""
     f = vm[name]
     best = None
     for attempt in range(1, RETRIES + 2):
         ms, med, foreign = _sample(f, inputs)
-        m = Measurement(ms, med, foreign, attempt)
+        m = Measurement(ms, med, foreign, attempt, roof)
         if best is None or (m.trusted, -m.ms) > (best.trusted, -best.ms):
             best = m
         if m.trusted:
             break
-    return Measurement(best.ms, best.median_ms, best.foreign_load, attempt)
+    return Measurement(best.ms, best.median_ms, best.foreign_load, attempt, roof)
 
 
 def time_call(vm, name: str, inputs, dev=None) -> float:
