@@ -172,7 +172,7 @@ def test_fp32_rewrite_leaves_the_int8_library_matmuls_integer(qmodel):
 
 
 # ------------------------------------------------------------------ ConvInteger (quantize_dynamic of CNNs)
-def _residual_cnn(path) -> str:
+def _residual_cnn(path, hw=(12, 12)) -> str:
     """Conv -> Relu -> grouped Conv (2 groups) + input -> Relu, then a strided Conv with bias:
     quantize_dynamic's ConvIntegers with a residual join and a non-depthwise grouped conv."""
     import logging
@@ -191,7 +191,8 @@ def _residual_cnn(path) -> str:
              const("w2", rand(8, 4, 3, 3, seed=3, scale=0.3)),
              const("w3", rand(16, 8, 1, 1, seed=4, scale=0.3)), const("b3", rand(16, seed=5))]
     src = str(path / "res.onnx")
-    onnx.save(make_model(nodes, [vi("x", [1, 8, 12, 12])], [vi("y", [1, 16, 6, 6])], inits), src)
+    out_hw = [(d + 1) // 2 for d in hw]
+    onnx.save(make_model(nodes, [vi("x", [1, 8, *hw])], [vi("y", [1, 16, *out_hw])], inits), src)
     out = str(path / "res_int8.onnx")
     logging.getLogger().setLevel(logging.ERROR)
     quantize_dynamic(src, out, weight_type=QuantType.QInt8)
@@ -226,6 +227,23 @@ def test_residual_and_grouped_conv_integers_join_in_the_int8_call(tmp_path):
     assert "R.add(" not in text and "R.nn.relu(" not in text  # the join is a sum post-op
     x = np.random.default_rng(3).standard_normal((1, 8, 12, 12)).astype(np.float32)
     _check_against_onnxruntime(path, ex, x)
+
+
+def test_large_activations_quantize_with_their_whole_range(tmp_path):
+    """An activation large enough that its min/max is taken by several threads in chunks, and
+    whose length is no multiple of the vector width: an outlier in the last element, or in
+    the middle of one chunk, sets the scale exactly as onnxruntime's does (a missed element
+    would clip it, far beyond the tolerance); an all-positive input keeps 0 in its range."""
+    path = _residual_cnn(tmp_path, hw=(93, 97))  # 8 * 93 * 97 floats: several chunks, a tail
+    _, ex, _ = _compile(path, "library")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 8, 93, 97)).astype(np.float32)
+    last = x.copy()
+    last.reshape(-1)[-1] = 40.0
+    middle = x.copy()
+    middle.reshape(-1)[x.size // 2 + 3] = -40.0
+    for case in (last, middle, np.abs(x) + 0.5):
+        _check_against_onnxruntime(path, ex, case)
 
 
 def test_compile_summary_and_decision_name_the_int8_convolutions(tmp_path):

@@ -24,6 +24,9 @@
 // and attrs.
 
 #include <dnnl.hpp>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include <tvm/ffi/container/shape.h>
 #include <tvm/ffi/container/tensor.h>
@@ -878,19 +881,67 @@ void QConv2d(PackedArgs args, tvm::ffi::Any* rv) {
   RunQuant(e.get(), data, out, bias, b_md, residual);
 }
 
+// The minimum and maximum of x[0, n) and 0, in four vectors of independent lanes: one running
+// min/max is a chain of dependent instructions, one element per instruction latency, and the
+// compiler does not turn it into vector code without -ffast-math (min/max are not associative
+// under NaN). Like the scalar loop, a NaN element is skipped: minps/maxps return the running
+// value when the element is NaN.
+void MinMaxWithZero(const float* x, int64_t n, float* mn, float* mx) {
+  int64_t i = 0;
+  float a = 0.f, b = 0.f;
+#if defined(__SSE2__)
+  __m128 lo[4], hi[4];
+  for (int j = 0; j < 4; ++j) lo[j] = hi[j] = _mm_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 4; ++j) {
+      __m128 v = _mm_loadu_ps(x + i + 4 * j);
+      lo[j] = _mm_min_ps(v, lo[j]);
+      hi[j] = _mm_max_ps(v, hi[j]);
+    }
+  }
+  alignas(16) float l[16], h[16];
+  for (int j = 0; j < 4; ++j) {
+    _mm_store_ps(l + 4 * j, lo[j]);
+    _mm_store_ps(h + 4 * j, hi[j]);
+  }
+  for (int j = 0; j < 16; ++j) {
+    a = std::min(a, l[j]);
+    b = std::max(b, h[j]);
+  }
+#endif
+  for (; i < n; ++i) {
+    a = x[i] < a ? x[i] : a;
+    b = x[i] > b ? x[i] : b;
+  }
+  *mn = a;
+  *mx = b;
+}
+
 // ONNX DynamicQuantizeLinear's parameters of x (u8), as onnxruntime computes them: the range
 // is widened to hold 0, scale = (max - min) / 255 (1 when the range is empty), and
 // zero_point = round_half_even(clamp(0 - min / scale, 0, 255)).
 void DynamicQuantParams(const float* x, int64_t n, float* scale, int32_t* zp) {
+  // Below this many floats one thread is faster than waking the OpenMP team for one more
+  // parallel region (on a busy machine that can wait a scheduler quantum for a preempted
+  // worker); above it the pass is a memory stream each core can share.
+  constexpr int64_t kParallelMin = int64_t{1} << 16, kChunk = int64_t{1} << 14;
   float mn = 0.f, mx = 0.f;
-  // One thread: a pass over an activation (~100k floats) takes microseconds, less than waking
-  // the OpenMP team for one more parallel region, which on a busy machine can wait a whole
-  // scheduler quantum for a preempted worker.
-#pragma omp simd reduction(min : mn) reduction(max : mx)
-  for (int64_t i = 0; i < n; ++i) {
-    mn = std::min(mn, x[i]);
-    mx = std::max(mx, x[i]);
+#ifdef _OPENMP
+  if (n >= kParallelMin && omp_get_max_threads() > 1) {
+    int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) reduction(min : mn) reduction(max : mx)
+    for (int64_t c = 0; c < chunks; ++c) {
+      float a, b;
+      MinMaxWithZero(x + c * kChunk, std::min(kChunk, n - c * kChunk), &a, &b);
+      mn = std::min(mn, a);
+      mx = std::max(mx, b);
+    }
+  } else {
+    MinMaxWithZero(x, n, &mn, &mx);
   }
+#else
+  MinMaxWithZero(x, n, &mn, &mx);
+#endif
   float s = mx == mn ? 1.f : (mx - mn) / 255.f;
   float z = std::max(0.f, std::min(255.f, 0.f - mn / s));
   *scale = s;
