@@ -214,6 +214,43 @@ class WideMLP(nn.Module):
         return self.net(x)
 
 
+class RecurrentTagger(nn.Module):
+    """Embedding, a 2-layer bidirectional LSTM or GRU, a per-token classifier: a sequence
+    tagger (NER / POS) as deployed on CPUs."""
+
+    def __init__(self, cell="lstm", vocab=8192, emb=128, hidden=256, tags=32):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, emb)
+        rnn = nn.LSTM if cell == "lstm" else nn.GRU
+        self.rnn = rnn(emb, hidden, num_layers=2, bidirectional=True, batch_first=True)
+        self.out = nn.Linear(2 * hidden, tags)
+
+    def forward(self, ids):
+        return self.out(self.rnn(self.emb(ids))[0])
+
+
+class AudioEncoder(nn.Module):
+    """A Whisper-style audio encoder: two Conv1d + GELU over log-mel frames (the second with
+    stride 2), sinusoid-free learned positions, pre-norm transformer layers; 3000 frames in,
+    1500 tokens through attention."""
+
+    def __init__(self, mels=80, hidden=384, heads=6, layers=4, frames=3000):
+        super().__init__()
+        self.conv1 = nn.Conv1d(mels, hidden, 3, padding=1)
+        self.conv2 = nn.Conv1d(hidden, hidden, 3, stride=2, padding=1)
+        self.pos = nn.Parameter(torch.randn(frames // 2, hidden) * 0.02)
+        self.blocks = nn.ModuleList([DecoderLayer(hidden, heads) for _ in range(layers)])
+        for b in self.blocks:
+            b.attn.causal = False
+        self.ln = nn.LayerNorm(hidden)
+
+    def forward(self, mel):
+        x = F.gelu(self.conv2(F.gelu(self.conv1(mel)))).transpose(1, 2) + self.pos
+        for b in self.blocks:
+            x = b(x)
+        return self.ln(x)
+
+
 # name -> (constructor, example input for a batch size)
 MODELS = {
     "resnet18": (ResNet18, lambda b: torch.randn(b, 3, 224, 224)),
@@ -222,6 +259,9 @@ MODELS = {
     "gpt2_4l": (lambda: Transformer(True), lambda b: torch.randint(0, 8192, (b, 128))),
     "convnext_small": (ConvNeXtSmall, lambda b: torch.randn(b, 3, 224, 224)),
     "wide_mlp": (WideMLP, lambda b: torch.randn(b, 1024)),
+    "lstm_tagger": (RecurrentTagger, lambda b: torch.randint(0, 8192, (b, 64))),
+    "gru_tagger": (lambda: RecurrentTagger("gru"), lambda b: torch.randint(0, 8192, (b, 64))),
+    "audio_encoder": (AudioEncoder, lambda b: torch.randn(b, 80, 3000)),
 }
 MAIN_FOUR = ("resnet18", "mobilenetv2", "bert4l", "gpt2_4l")
 

@@ -232,3 +232,27 @@ def test_symbolic_sequence_length_on_the_library(op, kw):
                 else run_onnxruntime(model, feeds))
         for g, e in zip(run(feeds), want, strict=True):
             np.testing.assert_allclose(g, e, rtol=TOL, atol=TOL)
+
+
+def test_an_untrusted_timing_keeps_the_node_on_the_library(tmp_path, monkeypatch):
+    """The unrolled body timed faster only on a loaded machine: the node stays one library
+    call (the loop's many small kernels per step are what load slows most), and the choice
+    says why; both sides were timed in alternating rounds."""
+    from tvmopt.kernels import dispatch, timing
+
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path))
+    order = []
+
+    def loaded(vm, name, inputs, roof=None):
+        order.append(vm)
+        return timing.Measurement(3.0 if len(order) % 2 else 1.0, 3.0, 1.5)
+
+    monkeypatch.setattr(dispatch, "measure_call", loaded)
+    model, feeds = case("GRU", "bidirectional", steps=3, linear_before_reset=1)
+    mod, run, cfg = build(model, dispatch="auto")
+    rnn = [c for c in cfg.dispatch_choices if c.kernel.startswith("rnn|GRU")]
+    assert len(rnn) == 1 and rnn[0].choice == "library" and not rnn[0].trusted
+    assert "not trusted" in rnn[0].reason and library_calls(mod)
+    assert len(order) == 2 * dispatch.SIDE_ROUNDS and order[0] == order[3] != order[1]
+    for g, e in zip(run(feeds), run_onnxruntime(model, feeds), strict=True):
+        np.testing.assert_allclose(g, e, rtol=TOL, atol=TOL)

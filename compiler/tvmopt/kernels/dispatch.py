@@ -601,7 +601,8 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
                     vm = relax.VirtualMachine(exe, dev)
                     inputs = [tvm.runtime.tensor(a, dev)
                               for a in _recurrent_inputs(spec, kernel, rng)]
-                    sides[side] = measure_call(vm, "main", inputs)
+                    sides[side] = (vm, inputs, None)
+                sides = _time_sides(sides, "main")
                 lib_ms, cg_ms = sides["library"].ms, sides["codegen"].ms
                 bad = [m for m in sides.values() if not m.trusted]
                 trusted = not bad
@@ -611,11 +612,18 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
                     cache.put(cache_key(key, target_text, ext_id), key, library_ms=lib_ms,
                               codegen_ms=cg_ms)
             use_lib = lib_ms < MARGIN * cg_ms
+            # As for convolutions and matmuls: a timing taken under load cannot send a node
+            # the library takes to the unrolled loop, whose many small kernels per step suffer
+            # most from a busy machine.
+            held = not use_lib and not trusted
+            use_lib = use_lib or held
             if use_lib:
                 keep.add(gv)
             choices.append(Choice(key, 1, "library" if use_lib else "codegen",
                                   round(lib_ms, 4), round(cg_ms, 4), cached,
-                                  "faster by timing" if use_lib else "codegen as fast or faster",
+                                  ("library kept: its timing was not trusted" if held
+                                   else "faster by timing") if use_lib
+                                  else "codegen as fast or faster",
                                   trusted=trusted, note=note))
     cache.save()
     return keep, choices
