@@ -286,6 +286,7 @@ def test_auto_times_each_workload_once_then_reads_the_cache(tmp_path, monkeypatc
     # What is under test is the cache, not how quiet this machine is: every timing is trusted
     # (tests/kernels/test_timing.py covers the untrusted ones).
     monkeypatch.setattr(timing, "FOREIGN_LOAD_LIMIT", float("inf"))
+    monkeypatch.setattr(timing, "CEILING_FLOORS", float("inf"))
     monkeypatch.setattr(timing, "SPREAD", float("inf"))
     model = _small_cnn(tmp_path / "cnn.onnx")
 
@@ -381,6 +382,7 @@ def test_plan_shows_each_dispatch_choice_with_its_timings(tmp_path, monkeypatch)
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
     # the cache's reuse is under test, not how quiet the machine is (test_timing.py is)
     monkeypatch.setattr(timing, "FOREIGN_LOAD_LIMIT", float("inf"))
+    monkeypatch.setattr(timing, "CEILING_FLOORS", float("inf"))
     monkeypatch.setattr(timing, "SPREAD", float("inf"))
     model = _small_cnn(tmp_path / "cnn.onnx")
     p = plan_model(model, get_target("x86"), dispatch="auto")

@@ -47,6 +47,10 @@ MATMUL_FUNC = "tvmopt.onednn.matmul"
 QCONV_FUNC = "tvmopt.onednn.qconv2d"
 QMATMUL_FUNC = "tvmopt.onednn.qmatmul"
 BMM_FUNC = "tvmopt.onednn.batch_matmul"
+ATTN_FUNC = "tvmopt.onednn.attention"
+# Attention runs as one blocked call (scores kept in cache) when its score tensor (every head's
+# M x N fp32 scores) is larger than this: a smaller one stays in cache between three calls.
+ATTENTION_MIN_SCORE_BYTES = 2 << 20
 _PREFIX = "tvmopt_onednn."
 _SOURCE = Path(__file__).with_name("onednn_ext.cc")  # shipped inside the package
 
@@ -484,6 +488,31 @@ def _bmm_patterns():
     return pats
 
 
+def _attention_patterns():
+    """softmax(q.k^T [scaled]).v over the last axis: attention's three steps, one call that
+    keeps each block of scores in cache (k's transpose read through strides, as in bmm)."""
+    pats = []
+    for trans in (True, False):
+        for scale in ("relax.divide", "relax.multiply", None):
+            k = is_op("relax.permute_dims")(wildcard()) if trans else wildcard()
+            mm = is_op("relax.matmul")(wildcard(), k)
+            ann = {"matmul": mm}
+            name = "attention"
+            if trans:
+                ann["transpose"] = k
+                name += "_tk"
+            x = mm
+            if scale:
+                x = is_op(scale)(mm, is_const())
+                ann["scale"] = x
+                name += "_scale"
+            sm = is_op("relax.nn.softmax")(x)
+            out = is_op("relax.matmul")(sm, wildcard())
+            ann.update(softmax=sm, weighted=out)
+            pats.append((_PREFIX + name, out, ann))
+    return pats
+
+
 def _qdq_input(permute: bool):
     """quantize -> dequantize of an activation [-> transpose into the convolution's layout]."""
     q = is_op("relax.quantize")(wildcard(), is_const(), is_const())
@@ -832,6 +861,28 @@ def _check_bmm(ctx) -> bool:
     return True
 
 
+def _check_attention(ctx) -> bool:
+    """Static fp32 q, k, v of one rank with equal batch dims, softmax over the last axis, and a
+    score tensor too large to stay in cache between separate calls."""
+    if not _check_bmm(ctx):
+        return False
+    ann = ctx.annotated_expr
+    sm, out = ann["softmax"], ann["weighted"]
+    q, v = ann["matmul"].args[0], out.args[1]
+    k = ann["transpose"].args[0] if "transpose" in ann else ann["matmul"].args[1]
+    shapes = [_static_f32_shape(e) for e in (q, k, v, ann["matmul"], out)]
+    if any(s is None for s in shapes) or _const_array(v) is not None:
+        return False
+    q_s, k_s, v_s, s_s, o_s = shapes
+    if not (len(q_s) == len(k_s) == len(v_s) == len(o_s) and q_s[:-2] == k_s[:-2] == v_s[:-2]):
+        return False
+    if out.attrs.out_dtype not in (None, "", "float32"):
+        return False
+    if int(sm.attrs.axis) not in (-1, len(s_s) - 1) or v_s[-2] != s_s[-1]:
+        return False
+    return 4 * int(np.prod(s_s)) > ATTENTION_MIN_SCORE_BYTES
+
+
 def _qdq_pair_ok(ann) -> bool:
     """A per-tensor quantize to u8/s8 and the dequantize undoing it (same scale, zero point)."""
     q, d = ann["quantize"], ann["dequantize"]
@@ -1109,6 +1160,8 @@ class _Lower(relax.PyExprMutator):
             return self._conv(env, ops, call, compute)
         if str(comp).startswith(_PREFIX + "bmm"):
             return self._bmm(env, ops, call, compute)
+        if str(comp).startswith(_PREFIX + "attention"):
+            return self._attention(env, ops, call, compute)
         return self._matmul(env, ops, call, compute)
 
     @staticmethod
@@ -1423,7 +1476,27 @@ class _Lower(relax.PyExprMutator):
             BMM_FUNC, [self._bf16(a, compute), self._bf16(b, compute), attrs], call.ty)
 
 
-_BF16_OUT_FUNCS = (CONV_FUNC, MATMUL_FUNC, BMM_FUNC)
+    def _attention(self, env, ops, call, compute):
+        trans, scale, q, k, v = 0, 1.0, None, None, None
+        for _, val in ops:
+            name = val.op.name
+            if name == "relax.permute_dims":
+                trans, k = 1, self._resolve(env, val.args[0])
+            elif name == "relax.matmul" and q is None:
+                q = self._resolve(env, val.args[0])
+                k = k if trans else self._resolve(env, val.args[1])
+            elif name == "relax.matmul":
+                v = self._resolve(env, val.args[1])
+            elif name in ("relax.divide", "relax.multiply"):
+                c = float(_const_array(self._resolve(env, val.args[1])).reshape(-1)[0])
+                scale = 1.0 / c if name == "relax.divide" else c
+        attrs = relax.ShapeExpr([trans, _f32_bits(scale), compute])
+        return relax.call_dps_packed(
+            ATTN_FUNC, [self._bf16(q, compute), self._bf16(k, compute), self._bf16(v, compute),
+                        attrs], call.ty)
+
+
+_BF16_OUT_FUNCS = (CONV_FUNC, MATMUL_FUNC, BMM_FUNC, ATTN_FUNC)
 
 
 def _bf16_astype_of(e):
@@ -1635,6 +1708,9 @@ def partition(mod: tvm.IRModule, conv: bool = True, matmul: bool = True,
     if matmul:
         patterns += [relax.transform.FusionPattern(n, p, ann, _check_matmul)
                      for n, p, ann in _matmul_patterns()]
+        # Before the single matmuls: the first pattern that matches takes its ops.
+        patterns += [relax.transform.FusionPattern(n, p, ann, _check_attention)
+                     for n, p, ann in _attention_patterns()]
         patterns += [relax.transform.FusionPattern(n, p, ann, _check_bmm)
                      for n, p, ann in _bmm_patterns()]
     if not patterns:

@@ -11,6 +11,7 @@
 //     (attrs kQMDynamic = 1: a's scale and zero point are computed in the call, as ONNX
 //     DynamicQuantizeLinear does, for onnxruntime's quantize_dynamic models)
 //   tvmopt.onednn.batch_matmul(a, b, attrs, out)   (two activations, e.g. attention)
+//   tvmopt.onednn.attention(q, k, v, attrs, out)   (softmax(q.k^T * scale).v, in row blocks)
 // R.call_dps_packed appends the output after all listed arguments, so attrs comes before out.
 // Optional inputs are present or absent according to flags in `attrs`, an int64 ffi Shape
 // (what R.shape([...]) becomes at run time) or an int64 tensor. Float attributes (clip bounds)
@@ -35,6 +36,7 @@
 #include <tvm/ffi/reflection/registry.h>
 
 #include <algorithm>
+#include <exception>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -1111,6 +1113,209 @@ void BatchMatmul(PackedArgs args, tvm::ffi::Any* rv) {
   rt.strm.wait();
 }
 
+// ---------------------------------------------------------------------------------------
+// Attention, softmax(q.k^T * scale).v, over blocks of query rows: each block's scores are
+// computed, normalised and multiplied by v while they are in the core's cache, so a long
+// sequence's score matrix (heads x M x N floats) is never written to memory and read back,
+// as three separate kernels do. Every step is a oneDNN primitive (matmul with the scale as a
+// post-op, softmax, matmul); only the blocking is ours. The (batch, block) pairs are shared
+// among the threads of one parallel region, each running the primitives on its own (oneDNN
+// runs a primitive on the calling thread alone inside a parallel region) with its own
+// buffers and scratchpad: one fork and join per call instead of three per block, which on a
+// busy machine each wait for the slowest thread.
+//
+// q: (..., M, D); k: (..., N, D) read transposed (kATransK), or (..., D, N); v: (..., N, Dv);
+// out: (..., M, Dv); batch dims equal. Types per tensor (fp32 or bf16), as for batch_matmul.
+
+enum AttnAttr { kATransK, kAScaleBits, kACompute, kANumAttrs };
+
+// Scores and probabilities of one block stay within this many bytes: half a Sapphire Rapids
+// core's L2, leaving room for the block's rows of q and out and a panel of k and v.
+constexpr int64_t kAttnBlockBytes = int64_t{1} << 20;
+
+struct AttnSteps {
+  dnnl::matmul qk, pv;
+  dnnl::softmax_forward softmax;
+  memory::desc q_md, k_md, s_md, p_md, v_md, o_md;  // one block's operands
+  size_t pad_bytes = 0;
+};
+
+struct AttnEntry {
+  int64_t rows = 0, tail = 0;  // rows per block; rows of the last, shorter block (0: none)
+  AttnSteps full, last;
+  memory::desc user_q_md, user_k_md, user_v_md;  // the whole tensors as given
+  bool convert_q = false, convert_k = false, convert_v = false;
+  memory q_buf, k_buf, v_buf;
+  dt cdt = dt::f32;
+  size_t pad_bytes = 0;  // the largest scratchpad of the steps
+  // per thread: a stream, a block's scores and probabilities, a scratchpad
+  std::vector<dnnl::stream> strms;
+  std::vector<memory> scores, probs, pads;
+};
+
+std::unordered_map<std::string, std::shared_ptr<AttnEntry>> g_attn_cache;
+
+AttnSteps MakeAttnSteps(const dnnl::engine& eng, int64_t rows, int64_t N, int64_t D,
+                        int64_t Dv, bool trans_k, dt cdt, dt out_t, float scale) {
+  AttnSteps s;
+  // A block's rows of q and out lie in the whole tensors, one row after the other.
+  s.q_md = memory::desc({rows, D}, cdt, tag::ab);
+  s.k_md = memory::desc({D, N}, cdt, trans_k ? memory::dims{1, D} : memory::dims{N, 1});
+  s.s_md = memory::desc({rows, N}, dt::f32, tag::ab);
+  s.p_md = memory::desc({rows, N}, cdt, tag::ab);
+  s.v_md = memory::desc({N, Dv}, cdt, tag::ab);
+  s.o_md = memory::desc({rows, Dv}, out_t, tag::ab);
+  dnnl::post_ops po;
+  if (scale != 1.f) po.append_eltwise(dnnl::algorithm::eltwise_linear, scale, 0.f);
+  // Threads run the steps concurrently: each passes its own scratchpad.
+  dnnl::primitive_attr attr, plain;
+  attr.set_post_ops(po);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  plain.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  auto qk = dnnl::matmul::primitive_desc(eng, s.q_md, s.k_md, s.s_md, attr);
+  auto sm = dnnl::softmax_forward::primitive_desc(
+      eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate, s.s_md,
+      s.p_md, 1, plain);
+  auto pv = dnnl::matmul::primitive_desc(eng, s.p_md, s.v_md, s.o_md, plain);
+  s.pad_bytes = std::max({qk.scratchpad_desc().get_size(), sm.scratchpad_desc().get_size(),
+                          pv.scratchpad_desc().get_size()});
+  s.qk = dnnl::matmul(qk);
+  s.softmax = dnnl::softmax_forward(sm);
+  s.pv = dnnl::matmul(pv);
+  return s;
+}
+
+void Attention(PackedArgs args, tvm::ffi::Any* rv) {
+  TVM_FFI_ICHECK_EQ(args.size(), 5) << "attention(q, k, v, attrs, out)";
+  std::vector<int64_t> at = ReadAttrs(args[3]);
+  TVM_FFI_ICHECK_EQ(at.size(), static_cast<size_t>(kANumAttrs)) << "bad attention attrs";
+  TensorView Q = args[0].cast<TensorView>(), K = args[1].cast<TensorView>();
+  TensorView V = args[2].cast<TensorView>(), out = args[4].cast<TensorView>();
+  dt q_t = ActType(Q, "q"), k_t = ActType(K, "k"), v_t = ActType(V, "v");
+  dt out_t = ActType(out, "out");
+  int nd = static_cast<int>(Q.ndim());
+  TVM_FFI_ICHECK(nd >= 2 && nd <= 4 && K.ndim() == nd && V.ndim() == nd && out.ndim() == nd)
+      << "attention needs q, k, v and out of one rank in 2-4";
+  bool trans_k = at[kATransK] != 0;
+  memory::dims q_dims = Dims(Q), k_dims = Dims(K), v_dims = Dims(V), o_dims = Dims(out);
+  int64_t M = q_dims[nd - 2], D = q_dims[nd - 1];
+  int64_t N = trans_k ? k_dims[nd - 2] : k_dims[nd - 1];
+  int64_t Dk = trans_k ? k_dims[nd - 1] : k_dims[nd - 2], Dv = v_dims[nd - 1];
+  TVM_FFI_ICHECK(Dk == D && v_dims[nd - 2] == N && o_dims[nd - 2] == M && o_dims[nd - 1] == Dv)
+      << "attention: q, k, v and out shapes do not agree";
+  int64_t batch = 1;
+  for (int i = 0; i < nd - 2; ++i) {
+    TVM_FFI_ICHECK(q_dims[i] == k_dims[i] && q_dims[i] == v_dims[i] && q_dims[i] == o_dims[i])
+        << "attention: batch dims must be equal";
+    batch *= q_dims[i];
+  }
+  float scale;
+  uint32_t bits = static_cast<uint32_t>(at[kAScaleBits]);
+  std::memcpy(&scale, &bits, sizeof(scale));
+
+  std::lock_guard<std::mutex> lock(g_mu);
+  ApplyThreads();
+  Runtime& rt = GetRuntime();
+  std::string key = MakeKey("attn", nullptr, at, {q_dims, k_dims, v_dims, o_dims}) +
+                    TypesKey({q_t, k_t, v_t, out_t});
+  auto it = g_attn_cache.find(key);
+  std::shared_ptr<AttnEntry> e;
+  if (it != g_attn_cache.end()) {
+    e = it->second;
+  } else {
+    e = std::make_shared<AttnEntry>();
+    e->cdt = at[kACompute] == kComputeBF16 ? dt::bf16 : dt::f32;
+    int64_t per_row = N * (4 + static_cast<int64_t>(TypeSize(e->cdt)));
+    int64_t rows = std::max<int64_t>(16, kAttnBlockBytes / per_row / 16 * 16);
+    e->rows = std::min(rows, M);
+    e->tail = M % e->rows;
+    e->full = MakeAttnSteps(rt.eng, e->rows, N, D, Dv, trans_k, e->cdt, out_t, scale);
+    if (e->tail) {
+      e->last = MakeAttnSteps(rt.eng, e->tail, N, D, Dv, trans_k, e->cdt, out_t, scale);
+    }
+    e->pad_bytes = std::max(e->full.pad_bytes, e->tail ? e->last.pad_bytes : size_t{0});
+    // Operands in another type than the compute one are converted whole, once per call.
+    auto flat = [&](memory::dims d, dt t) {
+      return memory::desc({batch * d[nd - 2], d[nd - 1]}, t, tag::ab);
+    };
+    e->user_q_md = flat(q_dims, q_t);
+    e->user_k_md = flat(k_dims, k_t);
+    e->user_v_md = flat(v_dims, v_t);
+    e->convert_q = q_t != e->cdt;
+    e->convert_k = k_t != e->cdt;
+    e->convert_v = v_t != e->cdt;
+    if (e->convert_q) e->q_buf = memory(flat(q_dims, e->cdt), rt.eng);
+    if (e->convert_k) e->k_buf = memory(flat(k_dims, e->cdt), rt.eng);
+    if (e->convert_v) e->v_buf = memory(flat(v_dims, e->cdt), rt.eng);
+    g_attn_cache[key] = e;
+  }
+  auto operand = [&](const TensorView& t, const memory::desc& md, bool convert,
+                     memory& buf) -> char* {
+    if (!convert) return static_cast<char*>(DataPtr(t));
+    memory user(md, rt.eng, DataPtr(t));
+    dnnl::reorder(user, buf).execute(rt.strm, user, buf);
+    return static_cast<char*>(buf.get_data_handle());
+  };
+  char* q = operand(Q, e->user_q_md, e->convert_q, e->q_buf);
+  char* k = operand(K, e->user_k_md, e->convert_k, e->k_buf);
+  char* v = operand(V, e->user_v_md, e->convert_v, e->v_buf);
+  rt.strm.wait();  // the conversions are done before any thread reads their results
+  char* o = static_cast<char*>(DataPtr(out));
+  size_t cs = TypeSize(e->cdt), os = TypeSize(out_t);
+  int64_t blocks = (M + e->rows - 1) / e->rows;
+  int nthr = 1;
+#ifdef _OPENMP
+  nthr = std::max(1, static_cast<int>(std::min<int64_t>(omp_get_max_threads(), batch * blocks)));
+#endif
+  while (static_cast<int>(e->strms.size()) < nthr) {
+    e->strms.emplace_back(rt.eng);
+    e->scores.emplace_back(memory({{e->rows, N}, dt::f32, tag::ab}, rt.eng));
+    e->probs.push_back(e->cdt == dt::f32 ? e->scores.back()
+                                         : memory({{e->rows, N}, e->cdt, tag::ab}, rt.eng));
+    e->pads.emplace_back(memory({{static_cast<int64_t>(std::max<size_t>(e->pad_bytes, 1))},
+                                 dt::u8, tag::a}, rt.eng));
+  }
+  auto work = [&](int ithr, int64_t unit) {
+    int64_t b = unit / blocks, r0 = unit % blocks * e->rows;
+    AttnSteps& st = std::min(e->rows, M - r0) == e->rows ? e->full : e->last;
+    dnnl::stream& strm = e->strms[ithr];
+    memory& pad = e->pads[ithr];
+    memory qm(st.q_md, rt.eng, q + ((b * M + r0) * D) * cs);
+    memory km(st.k_md, rt.eng, k + (b * N * D) * cs);
+    memory vm(st.v_md, rt.eng, v + (b * N * Dv) * cs);
+    memory om(st.o_md, rt.eng, o + ((b * M + r0) * Dv) * os);
+    memory sm(st.s_md, rt.eng, e->scores[ithr].get_data_handle());
+    memory pm(st.p_md, rt.eng, e->probs[ithr].get_data_handle());
+    st.qk.execute(strm, {{DNNL_ARG_SRC, qm}, {DNNL_ARG_WEIGHTS, km}, {DNNL_ARG_DST, sm},
+                         {DNNL_ARG_SCRATCHPAD, pad}});
+    st.softmax.execute(strm, {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, pm},
+                              {DNNL_ARG_SCRATCHPAD, pad}});
+    st.pv.execute(strm, {{DNNL_ARG_SRC, pm}, {DNNL_ARG_WEIGHTS, vm}, {DNNL_ARG_DST, om},
+                         {DNNL_ARG_SCRATCHPAD, pad}});
+    strm.wait();
+  };
+  int64_t units = batch * blocks;
+#ifdef _OPENMP
+  if (nthr > 1) {
+    // An exception may not leave a parallel region: the first one is rethrown after it.
+    std::exception_ptr failed;
+#pragma omp parallel num_threads(nthr)
+    {
+      int ithr = omp_get_thread_num();
+      try {
+        for (int64_t u = ithr; u < units; u += nthr) work(ithr, u);
+      } catch (...) {
+#pragma omp critical
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    if (failed) std::rethrow_exception(failed);
+    return;
+  }
+#endif
+  for (int64_t u = 0; u < units; ++u) work(0, u);
+}
+
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
@@ -1121,6 +1326,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def_packed("tvmopt.onednn.qconv2d", QConv2d)
       .def_packed("tvmopt.onednn.qmatmul", QMatmul)
       .def_packed("tvmopt.onednn.batch_matmul", BatchMatmul)
+      .def_packed("tvmopt.onednn.attention", Attention)
       .def("tvmopt.onednn.share_pool",
            [](const std::string& path) -> bool { return SharePool(path); })
       .def("tvmopt.onednn.uses_shared_pool",

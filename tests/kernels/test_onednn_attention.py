@@ -1,0 +1,106 @@
+"""Attention over long sequences as one oneDNN call in row blocks (tvmopt.onednn.attention):
+softmax(q.k^T * scale).v whose score tensor would not stay in cache between separate calls
+becomes one packed call, whose output equals onnxruntime's; short sequences keep the two
+batch_matmul calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+od = pytest.importorskip("tvmopt.kernels.onednn")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension(onednn_extension):
+    return onednn_extension
+
+
+rng = np.random.default_rng(0)
+
+
+def rand(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def attention(q_shape, k_shape, v_shape, transpose=True, scale_op="Div", scale=8.0):
+    """softmax(q @ k^T (op) scale) @ v: k transposed by a Transpose node, or given as
+    (..., d, n) already."""
+    nodes = []
+    k = "k"
+    if transpose:
+        perm = list(range(len(k_shape)))
+        perm[-2:] = perm[-1], perm[-2]
+        nodes.append(helper.make_node("Transpose", ["k"], ["kt"], perm=perm))
+        k = "kt"
+    nodes += [helper.make_node("MatMul", ["q", k], ["s"]),
+              helper.make_node(scale_op, ["s", "scale"], ["sd"]),
+              helper.make_node("Softmax", ["sd"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["y"])]
+    g = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+         for n, s in (("q", q_shape), ("k", k_shape), ("v", v_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(scale, np.float32), "scale")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    feeds = {"q": rand(*q_shape), "k": rand(*k_shape), "v": rand(*v_shape)}
+    return m, feeds
+
+
+def build_and_check(m, feeds, compute="fp32", tol=1e-4):
+    """Library dispatch in `compute`: {packed func: count}, after checking the output against
+    onnxruntime's twice (the second run reuses the cached primitives)."""
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.in_memory import host_target
+
+    target = host_target().to_tvm()
+    cfg = pipeline.PipelineConfig(dispatch="library", library_compute=(compute,))
+    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
+    text = mod.script(show_meta=False)
+    calls = {f: text.count(f'R.call_dps_packed("{f}"') for f in (od.ATTN_FUNC, od.BMM_FUNC)}
+    vm = relax.VirtualMachine(pipeline.build(mod, target, cfg=cfg, start_after="dispatch"),
+                              tvm.cpu())
+    ref = ort.InferenceSession(m.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    for _ in range(2):
+        out = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()]).numpy()
+        err = np.abs(out - ref).max() / np.abs(ref).max()
+        assert err < tol, f"error {err:.3g} ({compute})"
+    return calls
+
+
+def test_long_self_attention_is_one_blocked_call():
+    # 1000 query rows: whole blocks and a shorter last one
+    m, feeds = attention([1, 4, 1000, 64], [1, 4, 1000, 64], [1, 4, 1000, 64])
+    assert build_and_check(m, feeds) == {od.ATTN_FUNC: 1, od.BMM_FUNC: 0}
+
+
+def test_cross_attention_with_a_pretransposed_key_and_a_multiplied_scale():
+    # rank 3 (heads folded into the batch), q shorter than k and v, k already (b, d, n)
+    m, feeds = attention([3, 300, 32], [3, 32, 2000], [3, 2000, 48], transpose=False,
+                         scale_op="Mul", scale=0.125)
+    assert build_and_check(m, feeds) == {od.ATTN_FUNC: 1, od.BMM_FUNC: 0}
+
+
+def test_long_attention_in_bf16():
+    from tvmopt.kernels.dispatch import host_has_bf16
+
+    if not host_has_bf16():
+        pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
+    m, feeds = attention([1, 2, 1100, 64], [1, 2, 1100, 64], [1, 2, 1100, 64])
+    # bf16 keeps 8 significant bits: errors of a few 1e-3 of the output's range.
+    assert build_and_check(m, feeds, compute="bf16", tol=2e-2) == {od.ATTN_FUNC: 1,
+                                                                     od.BMM_FUNC: 0}
+
+
+def test_short_attention_keeps_two_matmul_calls():
+    m, feeds = attention([1, 4, 128, 64], [1, 4, 128, 64], [1, 4, 128, 64])
+    assert build_and_check(m, feeds) == {od.ATTN_FUNC: 0, od.BMM_FUNC: 2}
