@@ -59,11 +59,11 @@ def test_every_library_function_is_a_kernel_kind_or_a_control_function():
 
 def test_attr_positions_match_the_extension():
     enums = {"conv2d": _enum("ConvAttr"), "matmul": _enum("MatmulAttr"),
-             "batch_matmul": _enum("BmmAttr"),
+             "batch_matmul": _enum("BmmAttr"), "attention": _enum("AttnAttr"),
              "qconv2d": _enum("QConvAttr"), "qmatmul": _enum("QMatmulAttr")}
     names = {("conv2d", "groups"): "kGroups", ("conv2d", "nhwc"): "kConvNHWC",
              ("conv2d", "compute"): "kConvCompute", ("matmul", "compute"): "kMMCompute",
-             ("batch_matmul", "compute"): "kBCompute",
+             ("batch_matmul", "compute"): "kBCompute", ("attention", "compute"): "kACompute",
              ("qconv2d", "groups"): "kQGroups", ("qconv2d", "nhwc"): "kQWeightLayout",
              ("qmatmul", "dynamic"): "kQMDynamic"}
     assert {(f, k) for f, attrs in ONEDNN_ATTRS.items() for k in attrs} == set(names)
@@ -103,6 +103,8 @@ def _calls():
             "tvmopt.onednn.matmul", compute=compute)}, mm[2]]
         yield "tvmopt.onednn.batch_matmul", [bq, bk, {"shape": _attrs(
             "tvmopt.onednn.batch_matmul", compute=compute)}, bs]
+        yield "tvmopt.onednn.attention", [bq, bk, bq, {"shape": _attrs(
+            "tvmopt.onednn.attention", compute=compute)}, bq]
     # x [T, B, I], w_layer, w_iter, bias, attrs, y [T, D, B, H], y_h, y_c (a bidirectional LSTM)
     yield "tvmopt.onednn.rnn", [[[64, 1, 32], "float32"], [[1, 2, 32, 4, 16], "float32"],
                                 [[1, 2, 16, 4, 16], "float32"], [[1, 2, 4, 16], "float32"],
@@ -126,6 +128,15 @@ def test_every_library_call_kind_has_a_cause():
         assert library_cause(call, RIDGE) in CAUSE_IDS, (func, call.precision)
     assert seen == set(LIBRARY_KINDS)
     assert seen >= {(p, c) for p in ("conv2d", "matmul") for c in ONEDNN_COMPUTE.values()}
+
+
+def test_attention_counts_both_matmuls():
+    call = library_call("tvmopt.onednn.attention", [[[2, 6, 1500, 64], "float32"],
+                                                    [[2, 6, 1500, 64], "float32"],
+                                                    [[2, 6, 1500, 32], "float32"],
+                                                    {"shape": [1, 0, 0]},
+                                                    [[2, 6, 1500, 32], "float32"]])
+    assert call.flops == 2.0 * 2 * 6 * 1500 * 1500 * (64 + 32)
 
 
 def test_library_workloads_are_read_from_the_arguments():

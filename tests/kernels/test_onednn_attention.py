@@ -1,7 +1,7 @@
-"""Attention over long sequences as one oneDNN call in row blocks (tvmopt.onednn.attention):
-softmax(q.k^T * scale).v whose score tensor would not stay in cache between separate calls
-becomes one packed call, whose output equals onnxruntime's; short sequences keep the two
-batch_matmul calls."""
+"""Attention as one oneDNN call in blocks of query rows (tvmopt.onednn.attention):
+softmax(q.k^T * scale).v becomes one packed call whose output equals onnxruntime's, for long
+and short sequences, static or symbolic; scores that are not softmaxed over their last axis
+keep the two batch_matmul calls."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def attention(q_shape, k_shape, v_shape, transpose=True, scale_op="Div", scale=8
         [numpy_helper.from_array(np.array(scale, np.float32), "scale")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
-    feeds = {"q": rand(*q_shape), "k": rand(*k_shape), "v": rand(*v_shape)}
+    static = all(isinstance(d, int) for d in (*q_shape, *k_shape, *v_shape))
+    feeds = {"q": rand(*q_shape), "k": rand(*k_shape), "v": rand(*v_shape)} if static else None
     return m, feeds
 
 
@@ -101,6 +102,38 @@ def test_long_attention_in_bf16():
                                                                      od.BMM_FUNC: 0}
 
 
-def test_short_attention_keeps_two_matmul_calls():
-    m, feeds = attention([1, 4, 128, 64], [1, 4, 128, 64], [1, 4, 128, 64])
+def test_short_attention_is_one_call_too():
+    m, feeds = attention([2, 4, 7, 16], [2, 4, 7, 16], [2, 4, 7, 16])
+    assert build_and_check(m, feeds) == {od.ATTN_FUNC: 1, od.BMM_FUNC: 0}
+
+
+def test_a_softmax_over_another_axis_keeps_two_matmul_calls():
+    m, feeds = attention([1, 2, 64, 16], [1, 2, 64, 16], [1, 2, 64, 16])
+    for node in m.graph.node:
+        if node.op_type == "Softmax":
+            node.attribute[0].i = 2
     assert build_and_check(m, feeds) == {od.ATTN_FUNC: 0, od.BMM_FUNC: 2}
+
+
+def test_symbolic_sequence_attention_is_one_call_at_every_length():
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.in_memory import host_target
+
+    shape = ["batch", 2, "seq", 16]
+    m, _ = attention(shape, shape, shape)
+    target = host_target().to_tvm()
+    cfg = pipeline.PipelineConfig(dispatch="library")
+    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
+    assert mod.script(show_meta=False).count(f'R.call_dps_packed("{od.ATTN_FUNC}"') == 1
+    vm = relax.VirtualMachine(pipeline.build(mod, target, cfg=cfg, start_after="dispatch"),
+                              tvm.cpu())
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for b, s in ((1, 1), (1, 37), (3, 300)):
+        feeds = {n: rand(b, 2, s, 16) for n in ("q", "k", "v")}
+        ref = sess.run(None, feeds)[0]
+        out = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()]).numpy()
+        assert np.abs(out - ref).max() <= 1e-4 * np.abs(ref).max(), (b, s)

@@ -45,7 +45,7 @@ def build_and_check(m, feeds_at, compute="fp32", tol=1e-4):
     mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
     text = mod.script(show_meta=False)
     calls = {f: text.count(f'R.call_dps_packed("{f}"')
-             for f in (od.MATMUL_FUNC, od.BMM_FUNC)}
+             for f in (od.MATMUL_FUNC, od.BMM_FUNC, od.ATTN_FUNC)}
     vm = relax.VirtualMachine(pipeline.build(mod, target, cfg=cfg, start_after="dispatch"),
                               tvm.cpu())
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -93,22 +93,22 @@ def attention_feeds(b, s, heads=2, d=16):
 
 def test_dense_layer_on_symbolic_batch_and_sequence_is_one_library_call():
     calls = build_and_check(dense_model(), lambda b, s: {"x": rand(b, s, 48)})
-    assert calls == {od.MATMUL_FUNC: 1, od.BMM_FUNC: 0}
+    assert calls == {od.MATMUL_FUNC: 1, od.BMM_FUNC: 0, od.ATTN_FUNC: 0}
 
 
-def test_attention_matmuls_are_library_calls_with_the_transpose_and_scale_folded_in():
+def test_attention_is_one_library_call_with_the_transpose_and_scale_folded_in():
     calls = build_and_check(attention_model(), attention_feeds)
-    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 2}
+    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 0, od.ATTN_FUNC: 1}
 
 
-def test_attention_matmuls_in_bf16():
+def test_attention_in_bf16():
     from tvmopt.kernels.dispatch import host_has_bf16
 
     if not host_has_bf16():
         pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
     # bf16 keeps 8 significant bits: errors of a few 1e-3 of the output's range.
     calls = build_and_check(attention_model(), attention_feeds, compute="bf16", tol=2e-2)
-    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 2}
+    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 0, od.ATTN_FUNC: 1}
 
 
 def test_the_scale_of_scores_from_an_already_transposed_key_is_folded_in():
@@ -123,7 +123,7 @@ def test_the_scale_of_scores_from_an_already_transposed_key_is_folded_in():
              helper.make_node("Div", ["s", "scale"], ["y"])]
     m = model(nodes, [("q", ["batch", 2, "seq", 16]), ("kt", ["batch", 2, 16, "seq"])], inits)
     calls = build_and_check(m, lambda b, s: {"q": rand(b, 2, s, 16), "kt": rand(b, 2, 16, s)})
-    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 1}
+    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 1, od.ATTN_FUNC: 0}
     cfg = pipeline.PipelineConfig(dispatch="library")
     mod = pipeline.optimize(import_onnx(m).mod, host_target().to_tvm(), cfg, until="dispatch")
     assert "R.divide" not in mod.script(show_meta=False)
@@ -133,7 +133,7 @@ def test_matmul_broadcasting_a_batch_dim_of_one():
     nodes = [helper.make_node("MatMul", ["a", "b"], ["y"])]
     m = model(nodes, [("a", [2, 3, "seq", 8]), ("b", [1, 3, 8, 5])], {})
     calls = build_and_check(m, lambda b, s: {"a": rand(2, 3, s, 8), "b": rand(1, 3, 8, 5)})
-    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 1}
+    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 1, od.ATTN_FUNC: 0}
 
 
 def test_a_transpose_of_other_axes_is_not_folded_into_the_call():
@@ -143,7 +143,7 @@ def test_a_transpose_of_other_axes_is_not_folded_into_the_call():
              helper.make_node("MatMul", ["q", "kt"], ["y"])]
     m = model(nodes, [("q", [1, 4, 3, 8]), ("k", [1, 8, 4, 3])], {})
     calls = build_and_check(m, lambda b, s: {"q": rand(1, 4, 3, 8), "k": rand(1, 8, 4, 3)})
-    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 1}
+    assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 1, od.ATTN_FUNC: 0}
 
 
 def _func_with(*shapes):

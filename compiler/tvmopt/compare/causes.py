@@ -271,6 +271,7 @@ ONEDNN_ATTRS = {
     "conv2d": {"groups": 8, "nhwc": 16, "compute": 17},
     "matmul": {"compute": 3},
     "batch_matmul": {"compute": 2},
+    "attention": {"compute": 2},
     "rnn": {},
     "qconv2d": {"groups": 8, "nhwc": 13},
     "qmatmul": {"dynamic": 6},
@@ -283,6 +284,7 @@ LIBRARY_FUNCS = {
     "tvmopt.onednn.qconv2d": "conv2d",
     "tvmopt.onednn.qmatmul": "matmul",
     "tvmopt.onednn.batch_matmul": "matmul",  # two activations (attention)
+    "tvmopt.onednn.attention": "attention",  # softmax(q.k^T).v in blocks of rows
     "tvmopt.onednn.rnn": "rnn",  # a whole LSTM / GRU / RNN node
 }
 # functions the extension registers that are not kernels (configuration, called from Python)
@@ -292,6 +294,8 @@ LIBRARY_CONTROL = frozenset({"tvmopt.onednn.share_pool", "tvmopt.onednn.uses_sha
 LIBRARY_KINDS = {
     ("conv2d", "fp32"): "conv", ("conv2d", "bf16"): "conv",
     ("matmul", "fp32"): "matmul", ("matmul", "bf16"): "matmul",
+    # two matmuls around a softmax, the scores kept in cache
+    ("attention", "fp32"): "matmul", ("attention", "bf16"): "matmul",
     ("conv2d", "int8"): "int8",
     ("matmul", "int8"): "int8", ("matmul", "int8-dynamic"): "int8",
     # a recurrence is its gate GEMMs, step after step
@@ -366,6 +370,11 @@ def library_call(func: str, args: list) -> LibraryCall | None:
         flops = 2.0 * out_elems * _prod(weight[0]) / max(cout, 1)
         depthwise = groups > 1 and groups == cin
         shapes = f"{'x'.join(map(str, src[0]))} * {'x'.join(map(str, weight[0]))}"
+    elif primitive == "attention":
+        # q [..., M, D], k, v [..., N, Dv]: q.k^T and p.v, 2 * M * N * (D + Dv) per batch entry
+        keys = tensors[2][0][-2] if len(tensors) > 3 and tensors[2][0] else 1
+        flops = 2.0 * _prod(src[0][:-1]) * keys * (src[0][-1] + out[0][-1])
+        shapes = f"softmax({'x'.join(map(str, src[0]))} @ {'x'.join(map(str, weight[0]))}^T)"
     else:
         flops = 2.0 * out_elems * (src[0][-1] if src[0] else 1)
         shapes = f"{'x'.join(map(str, src[0]))} @ {'x'.join(map(str, weight[0]))}"
