@@ -137,3 +137,54 @@ def test_symbolic_sequence_attention_is_one_call_at_every_length():
         ref = sess.run(None, feeds)[0]
         out = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()]).numpy()
         assert np.abs(out - ref).max() <= 1e-4 * np.abs(ref).max(), (b, s)
+
+
+def masked_attention(b, h, s, d, mask):
+    """softmax(q.k^T / 8 masked).v with a causal mask as a constant where() (filling where
+    the mask is true, as torch's masked_fill exports), a keep-mask (filling where it is
+    false), or an additive padding mask given as an input of shape (b, 1, 1, s)."""
+    shape = [b, h, s, d]
+    tril = np.tril(np.ones((s, s), bool))
+    inits = [numpy_helper.from_array(np.array(8.0, np.float32), "scale"),
+             numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"),
+             numpy_helper.from_array(np.array(-1e9, np.float32), "big")]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Div", ["s", "scale"], ["sd"])]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "qkv"]
+    feeds = {n: rand(*shape) for n in "qkv"}
+    if mask == "causal":
+        inits.append(numpy_helper.from_array(~tril, "future"))
+        nodes.append(helper.make_node("Where", ["future", "ninf", "sd"], ["sm"]))
+    elif mask == "keep":
+        inits.append(numpy_helper.from_array(tril.reshape(1, 1, s, s), "allowed"))
+        nodes.append(helper.make_node("Where", ["allowed", "sd", "big"], ["sm"]))
+    else:
+        inputs.append(helper.make_tensor_value_info("pad", TensorProto.FLOAT, [b, 1, 1, s]))
+        pad = np.zeros((b, 1, 1, s), np.float32)
+        pad[0, ..., s - 5:] = -1e4  # the first sequence's last five tokens are padding
+        feeds["pad"] = pad
+        nodes.append(helper.make_node("Add", ["sd", "pad"], ["sm"]))
+    nodes += [helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["y"])]
+    g = helper.make_graph(nodes, "g", inputs,
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m, feeds
+
+
+@pytest.mark.parametrize("mask", ["causal", "keep", "padding"])
+def test_masked_attention_is_one_call(mask):
+    m, feeds = masked_attention(2, 3, 300, 32, mask)
+    assert build_and_check(m, feeds) == {od.ATTN_FUNC: 1, od.BMM_FUNC: 0}
+
+
+def test_causal_attention_in_bf16():
+    from tvmopt.kernels.dispatch import host_has_bf16
+
+    if not host_has_bf16():
+        pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
+    m, feeds = masked_attention(1, 2, 257, 64, "causal")
+    assert build_and_check(m, feeds, compute="bf16", tol=2e-2) == {od.ATTN_FUNC: 1,
+                                                                     od.BMM_FUNC: 0}

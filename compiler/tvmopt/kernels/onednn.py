@@ -486,29 +486,40 @@ def _bmm_patterns():
 
 
 def _attention_patterns():
-    """softmax(q.k^T [scaled]).v over the last axis: attention's three steps as one call that
-    keeps each block of scores in cache (k's transpose read through strides, as in bmm) and
-    forks its threads once, over heads and blocks; at any length it timed no slower than the
-    two batch matmuls and the softmax between them."""
+    """softmax(q.k^T [scaled] [masked]).v over the last axis: attention's steps as one call
+    that keeps each block of scores in cache (k's transpose read through strides, as in bmm)
+    and forks its threads once, over heads and blocks; at any length it timed no slower than
+    the two batch matmuls and the softmax between them. The mask is a where() filling the
+    scores with a constant (a causal or padding mask) or an added bias."""
     pats = []
     for trans in (True, False):
         for scale in ("relax.divide", "relax.multiply", None):
-            k = is_op("relax.permute_dims")(wildcard()) if trans else wildcard()
-            mm = is_op("relax.matmul")(wildcard(), k)
-            ann = {"matmul": mm}
-            name = "attention"
-            if trans:
-                ann["transpose"] = k
-                name += "_tk"
-            x = mm
-            if scale:
-                x = is_op(scale)(mm, is_const())
-                ann["scale"] = x
-                name += "_scale"
-            sm = is_op("relax.nn.softmax")(x)
-            out = is_op("relax.matmul")(sm, wildcard())
-            ann.update(softmax=sm, weighted=out)
-            pats.append((_PREFIX + name, out, ann))
+            for mask in ("fill_true", "fill_false", "add", None):
+                k = is_op("relax.permute_dims")(wildcard()) if trans else wildcard()
+                mm = is_op("relax.matmul")(wildcard(), k)
+                ann = {"matmul": mm}
+                name = "attention"
+                if trans:
+                    ann["transpose"] = k
+                    name += "_tk"
+                x = mm
+                if scale:
+                    x = is_op(scale)(mm, is_const())
+                    ann["scale"] = x
+                    name += "_scale"
+                if mask == "fill_true":  # where(mask, fill, scores)
+                    x = is_op("relax.where")(wildcard(), is_const(), x)
+                elif mask == "fill_false":  # where(mask, scores, fill)
+                    x = is_op("relax.where")(wildcard(), x, is_const())
+                elif mask == "add":
+                    x = is_op("relax.add")(x, wildcard())
+                if mask:
+                    ann["mask"] = x
+                    name += "_mask_" + mask
+                sm = is_op("relax.nn.softmax")(x)
+                out = is_op("relax.matmul")(sm, wildcard())
+                ann.update(softmax=sm, weighted=out)
+                pats.append((_PREFIX + name, out, ann))
     return pats
 
 
@@ -860,9 +871,34 @@ def _check_bmm(ctx) -> bool:
     return True
 
 
+def _attention_mask_ok(ann, scores, ctx) -> bool:
+    """The mask of an attention match: a boolean (where) or fp32 (add) tensor that broadcasts
+    to the scores without changing their shape, and a where's fill a finite or -inf scalar."""
+    m = ann["mask"]
+    name = m.op.name
+    if name == "relax.where":
+        cond = m.args[0]
+        fill = m.args[1] if _const_array(m.args[1]) is not None else m.args[2]
+        arr = _const_array(fill)
+        if arr is None or arr.size != 1 or np.isnan(arr).any():
+            return False
+        mask = cond
+        ty = mask.ty
+        if not isinstance(ty, relax.TensorType) or str(ty.dtype) not in ("bool", "uint8", "int8"):
+            return False
+        dims = None if ty.shape is None else [
+            int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in ty.shape.values]
+    else:
+        mask = _other_operand(m, ann["scale"] if "scale" in ann else ann["matmul"], ctx)
+        dims = _f32_shape(mask)
+    if dims is None or len(dims) > len(scores):
+        return False
+    return all(d == 1 or _same_dim(d, s) for d, s in zip(dims[::-1], scores[::-1]))
+
+
 def _check_attention(ctx) -> bool:
-    """fp32 q, k, v of one rank (static or symbolic dims) with the same batch dims, and the
-    softmax over the scores' last axis."""
+    """fp32 q, k, v of one rank (static or symbolic dims) with the same batch dims, the
+    softmax over the scores' last axis, and a mask (if any) that broadcasts to the scores."""
     if not _check_bmm(ctx):
         return False
     ann = ctx.annotated_expr
@@ -880,6 +916,13 @@ def _check_attention(ctx) -> bool:
         return False
     if out.attrs.out_dtype not in (None, "", "float32"):
         return False
+    if "mask" in ann:
+        masked = _f32_shape(ann["mask"])
+        if masked is None or len(masked) != len(s_s) or not all(
+                _same_dim(a, b) for a, b in zip(masked, s_s)):
+            return False  # the mask would broadcast the scores to a larger shape
+        if not _attention_mask_ok(ann, s_s, ctx):
+            return False
     return int(sm.attrs.axis) in (-1, len(s_s) - 1) and _same_dim(v_s[-2], s_s[-1])
 
 
@@ -1478,22 +1521,36 @@ class _Lower(relax.PyExprMutator):
 
     def _attention(self, env, ops, call, compute):
         trans, scale, q, k, v = 0, 1.0, None, None, None
-        for _, val in ops:
+        mask, mode, fill = None, 0, 0.0
+        scores = None  # the var holding the scores so far, to tell the mask operand apart
+        for var, val in ops:
             name = val.op.name
             if name == "relax.permute_dims":
                 trans, k = 1, self._resolve(env, val.args[0])
             elif name == "relax.matmul" and q is None:
                 q = self._resolve(env, val.args[0])
                 k = k if trans else self._resolve(env, val.args[1])
+                scores = var
             elif name == "relax.matmul":
                 v = self._resolve(env, val.args[1])
             elif name in ("relax.divide", "relax.multiply"):
                 c = float(_const_array(self._resolve(env, val.args[1])).reshape(-1)[0])
                 scale = 1.0 / c if name == "relax.divide" else c
-        attrs = relax.ShapeExpr([trans, _f32_bits(scale), compute])
-        return relax.call_dps_packed(
-            ATTN_FUNC, [self._bf16(q, compute), self._bf16(k, compute), self._bf16(v, compute),
-                        attrs], call.ty)
+                scores = var
+            elif name == "relax.where":
+                cond, a, b = (self._resolve(env, x) for x in val.args)
+                fill_true = _const_array(a) is not None and not val.args[1].same_as(scores)
+                const = a if fill_true else b
+                mask, mode = cond, 1 if fill_true else 2
+                fill = float(_const_array(const).reshape(-1)[0])
+            elif name == "relax.add":
+                a, b = val.args
+                mask, mode = self._resolve(env, b if a.same_as(scores) else a), 3
+        attrs = relax.ShapeExpr([trans, _f32_bits(scale), compute, mode, _f32_bits(fill)])
+        args = [self._bf16(q, compute), self._bf16(k, compute), self._bf16(v, compute)]
+        if mask is not None:
+            args.append(mask)
+        return relax.call_dps_packed(ATTN_FUNC, [*args, attrs], call.ty)
 
 
 _BF16_OUT_FUNCS = (CONV_FUNC, MATMUL_FUNC, BMM_FUNC, ATTN_FUNC)

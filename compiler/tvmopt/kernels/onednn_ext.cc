@@ -11,7 +11,8 @@
 //     (attrs kQMDynamic = 1: a's scale and zero point are computed in the call, as ONNX
 //     DynamicQuantizeLinear does, for onnxruntime's quantize_dynamic models)
 //   tvmopt.onednn.batch_matmul(a, b, attrs, out)   (two activations, e.g. attention)
-//   tvmopt.onednn.attention(q, k, v, attrs, out)   (softmax(q.k^T * scale).v, in row blocks)
+//   tvmopt.onednn.attention(q, k, v, [mask], attrs, out)
+//     (softmax(q.k^T * scale [masked]).v, in blocks of query rows)
 // R.call_dps_packed appends the output after all listed arguments, so attrs comes before out.
 // Optional inputs are present or absent according to flags in `attrs`, an int64 ffi Shape
 // (what R.shape([...]) becomes at run time) or an int64 tensor. Float attributes (clip bounds)
@@ -1127,7 +1128,11 @@ void BatchMatmul(PackedArgs args, tvm::ffi::Any* rv) {
 // q: (..., M, D); k: (..., N, D) read transposed (kATransK), or (..., D, N); v: (..., N, Dv);
 // out: (..., M, Dv); batch dims equal. Types per tensor (fp32 or bf16), as for batch_matmul.
 
-enum AttnAttr { kATransK, kAScaleBits, kACompute, kANumAttrs };
+// kAMask: 0 none; 1 / 2: scores set to the kAFillBits value where a boolean mask (the input
+// after v) is true / false (a where() between the scores and the softmax); 3: a float mask
+// added to the scores (an additive attention bias). The mask broadcasts to the scores.
+enum AttnAttr { kATransK, kAScaleBits, kACompute, kAMask, kAFillBits, kANumAttrs };
+enum AttnMask { kMaskNone = 0, kMaskFillTrue = 1, kMaskFillFalse = 2, kMaskAdd = 3 };
 
 // Scores and probabilities of one block stay within this many bytes: half a Sapphire Rapids
 // core's L2, leaving room for the block's rows of q and out and a panel of k and v.
@@ -1185,12 +1190,96 @@ AttnSteps MakeAttnSteps(const dnnl::engine& eng, int64_t rows, int64_t N, int64_
   return s;
 }
 
+// Where a block's scores read the mask: element (b, row, col) of the scores is at
+// b_off[b] + row * row_stride + col * col_stride of the mask (0 strides where it broadcasts).
+struct MaskView {
+  const char* data = nullptr;
+  int mode = kMaskNone;
+  bool is_float = false;
+  float fill = 0.f;
+  std::vector<int64_t> b_off;
+  int64_t row_stride = 0, col_stride = 0;
+
+  void Apply(float* s, int64_t b, int64_t r0, int64_t rows, int64_t N) const {
+    if (mode == kMaskNone) return;
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = s + i * N;
+      int64_t base = b_off[b] + (r0 + i) * row_stride;
+      if (mode == kMaskAdd) {
+        const float* m = reinterpret_cast<const float*>(data) + base;
+        for (int64_t j = 0; j < N; ++j) row[j] += m[j * col_stride];
+      } else {
+        const uint8_t* m = reinterpret_cast<const uint8_t*>(data) + base;
+        uint8_t when = mode == kMaskFillTrue ? 1 : 0;
+        for (int64_t j = 0; j < N; ++j) {
+          if ((m[j * col_stride] != 0) == (when != 0)) row[j] = fill;
+        }
+      }
+    }
+  }
+};
+
+MaskView MakeMaskView(const TensorView& mask, int mode, float fill,
+                      const memory::dims& batch_dims, int64_t M, int64_t N) {
+  MaskView mv;
+  mv.mode = mode;
+  mv.fill = fill;
+  mv.is_float = mode == kMaskAdd;
+  auto dtype = mask.dtype();
+  if (mv.is_float) {
+    TVM_FFI_ICHECK(dtype.code == kDLFloat && dtype.bits == 32 && dtype.lanes == 1)
+        << "an additive attention mask must be float32";
+  } else {
+    TVM_FFI_ICHECK((dtype.code == kDLBool || dtype.code == kDLUInt || dtype.code == kDLInt) &&
+                   dtype.bits <= 8 && dtype.lanes == 1)
+        << "a boolean attention mask must have one byte per element";
+  }
+  TVM_FFI_ICHECK(mask.IsContiguous()) << "attention mask must be contiguous";
+  mv.data = static_cast<const char*>(DataPtr(mask));
+  // The mask's dims aligned to the scores' (batch..., M, N) from the right; a missing or
+  // size-1 dim broadcasts (stride 0).
+  int nb = static_cast<int>(batch_dims.size()), nd = nb + 2, md = static_cast<int>(mask.ndim());
+  TVM_FFI_ICHECK(md <= nd) << "attention mask has more dims than the scores";
+  std::vector<int64_t> dims(nd, 1), strides(nd, 0);
+  int64_t acc = 1;
+  for (int i = md - 1, j = nd - 1; i >= 0; --i, --j) {
+    dims[j] = mask.shape()[i];
+    strides[j] = dims[j] == 1 ? 0 : acc;
+    acc *= mask.shape()[i];
+  }
+  std::vector<int64_t> want(batch_dims.begin(), batch_dims.end());
+  want.push_back(M);
+  want.push_back(N);
+  for (int j = 0; j < nd; ++j) {
+    TVM_FFI_ICHECK(dims[j] == 1 || dims[j] == want[j])
+        << "attention mask does not broadcast to the scores";
+  }
+  mv.row_stride = strides[nd - 2];
+  mv.col_stride = strides[nd - 1];
+  int64_t batch = 1;
+  for (auto d : batch_dims) batch *= d;
+  mv.b_off.resize(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t rest = b, off = 0;
+    for (int j = nb - 1; j >= 0; --j) {
+      off += (rest % want[j]) * strides[j];
+      rest /= want[j];
+    }
+    mv.b_off[b] = off;
+  }
+  return mv;
+}
+
 void Attention(PackedArgs args, tvm::ffi::Any* rv) {
-  TVM_FFI_ICHECK_EQ(args.size(), 5) << "attention(q, k, v, attrs, out)";
-  std::vector<int64_t> at = ReadAttrs(args[3]);
+  int n = args.size();
+  TVM_FFI_ICHECK(n == 5 || n == 6) << "attention(q, k, v, [mask], attrs, out)";
+  std::vector<int64_t> at = ReadAttrs(args[n - 2]);
+  if (at.size() == 3) at.resize(kANumAttrs, 0);
   TVM_FFI_ICHECK_EQ(at.size(), static_cast<size_t>(kANumAttrs)) << "bad attention attrs";
+  int mask_mode = static_cast<int>(at[kAMask]);
+  TVM_FFI_ICHECK_EQ(n, 5 + (mask_mode != kMaskNone)) << "attention: mask and attrs disagree";
   TensorView Q = args[0].cast<TensorView>(), K = args[1].cast<TensorView>();
-  TensorView V = args[2].cast<TensorView>(), out = args[4].cast<TensorView>();
+  TensorView V = args[2].cast<TensorView>(), out = args[n - 1].cast<TensorView>();
   dt q_t = ActType(Q, "q"), k_t = ActType(K, "k"), v_t = ActType(V, "v");
   dt out_t = ActType(out, "out");
   int nd = static_cast<int>(Q.ndim());
@@ -1212,6 +1301,14 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
   float scale;
   uint32_t bits = static_cast<uint32_t>(at[kAScaleBits]);
   std::memcpy(&scale, &bits, sizeof(scale));
+  MaskView mask;
+  if (mask_mode != kMaskNone) {
+    float fill;
+    uint32_t fbits = static_cast<uint32_t>(at[kAFillBits]);
+    std::memcpy(&fill, &fbits, sizeof(fill));
+    mask = MakeMaskView(args[3].cast<TensorView>(), mask_mode, fill,
+                        memory::dims(q_dims.begin(), q_dims.end() - 2), M, N);
+  }
 
   std::lock_guard<std::mutex> lock(g_mu);
   ApplyThreads();
@@ -1288,6 +1385,11 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
     memory pm(st.p_md, rt.eng, e->probs[ithr].get_data_handle());
     st.qk.execute(strm, {{DNNL_ARG_SRC, qm}, {DNNL_ARG_WEIGHTS, km}, {DNNL_ARG_DST, sm},
                          {DNNL_ARG_SCRATCHPAD, pad}});
+    if (mask.mode != kMaskNone) {
+      strm.wait();
+      mask.Apply(static_cast<float*>(e->scores[ithr].get_data_handle()), b, r0,
+                 std::min(e->rows, M - r0), N);
+    }
     st.softmax.execute(strm, {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, pm},
                               {DNNL_ARG_SCRATCHPAD, pad}});
     st.pv.execute(strm, {{DNNL_ARG_SRC, pm}, {DNNL_ARG_WEIGHTS, vm}, {DNNL_ARG_DST, om},
