@@ -202,6 +202,18 @@ def test_distinct_dims_of_one_name_are_timed_apart_and_never_empty():
     assert distinct_dim_names(f).same_as(f)
 
 
+def test_dims_only_passed_as_values_are_capped_together():
+    from tvm import relax, tirx
+
+    from tvmopt.kernels.timing import SYMBOLIC_ROWS, timing_dims
+
+    m, n = tirx.Var("m", "int64"), tirx.Var("n", "int64")
+    dims = relax.Var("dims", relax.ShapeType([m, n]))
+    x = relax.Var("x", relax.TensorType([4, 8], "float32"))
+    values = timing_dims(relax.Function([dims, x], x, x.ty), {})
+    assert sorted(values) == ["m", "n"] and values["m"] * values["n"] <= SYMBOLIC_ROWS
+
+
 def test_a_shape_with_a_zero_divisor_has_no_value():
     from tvm import tirx
 

@@ -109,7 +109,8 @@ def timing_dims(func, bounds: dict[str, tuple[int, int]]) -> dict[str, int]:
     SYMBOLIC_ROWS (never below the lower bound).
 
     A tensor's rows are the product of its symbolic dims (batch * seq of a dense layer's
-    input), the kernel's the most of any param or result. A dim is not halved where that
+    input), the kernel's the most of any param or result (dims it is only passed as values
+    count as one tensor's). A dim is not halved where that
     would leave a tensor with no rows: a dim read back from a run-time shape and divided
     (`x * (x / 4) * (x / 4) * x // 24`, a window partition) would otherwise be timed empty."""
     from tvm import relax, tirx
@@ -124,6 +125,13 @@ def timing_dims(func, bounds: dict[str, tuple[int, int]]) -> dict[str, int]:
     symbolic = [[d for d in getattr(getattr(t, "shape", None), "values", None) or []
                  if not hasattr(d, "value")] for t in tensors]
     symbolic = [dims for dims in symbolic if dims]
+    # Dims only passed to the kernel as values (its body shapes tensors with them) count
+    # together, as one more tensor's.
+    shaped = {v.name for dims in symbolic for d in dims for v in tirx.analysis.undefined_vars(d)}
+    passed = {v.name: v for p in func.params if isinstance(p.ty, relax.ShapeType)
+              for v in relax.analysis.tir_vars_in_type(p.ty) if v.name not in shaped}
+    if passed:
+        symbolic.append(list(passed.values()))
     # A var of a result that no param defines (a size known only at run time) counts as 1.
     ones = {v.name: 1 for dims in symbolic for d in dims for v in tirx.analysis.undefined_vars(d)}
 
