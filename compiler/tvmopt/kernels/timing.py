@@ -110,9 +110,9 @@ def timing_dims(func, bounds: dict[str, tuple[int, int]]) -> dict[str, int]:
 
     A tensor's rows are the product of its symbolic dims (batch * seq of a dense layer's
     input), the kernel's the most of any param or result (dims it is only passed as values
-    count as one tensor's). A dim is not halved where that
-    would leave a tensor with no rows: a dim read back from a run-time shape and divided
-    (`x * (x / 4) * (x / 4) * x // 24`, a window partition) would otherwise be timed empty."""
+    count as one tensor's). A dim is not halved where that would leave a tensor with no rows:
+    a dim read back from a run-time shape and divided (`x * (x / 4) * (x / 4) * x // 24`, a
+    window partition) would otherwise be timed empty."""
     from tvm import relax, tirx
 
     names = sorted({v.name for p in func.params
