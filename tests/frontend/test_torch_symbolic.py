@@ -93,6 +93,30 @@ def test_upsampling_kept_whole_with_image_sizes_derived_from_a_dim(monkeypatch):
          [torch.randn(1, 3, s, t) for s, t in [(32, 48), (64, 16), (24, 40)]])
 
 
+def test_a_saved_program_with_derived_image_sizes_is_decomposed(tmp_path):
+    """A .pt2 exported with `8 * h` image sizes, as a user's file reaches us: torch's loader
+    files ranges under the derived dims that stopped torch's own re-tracing ("expected
+    sympy.Symbol"); decomposed to core ATen, it imports and matches torch."""
+    from tvmopt.frontend.torch_program import import_program, load_program
+    from tvmopt.runtime.in_memory import build_in_memory, run_executable
+
+    torch.manual_seed(0)
+    module = UpDown().eval()
+    h, w = torch.export.Dim("h8", min=2, max=32), torch.export.Dim("w8", min=2, max=32)
+    ep = torch.export.export(module, (torch.randn(1, 3, 32, 48),),
+                             dynamic_shapes=({2: 8 * h, 3: 8 * w},))
+    torch.export.save(ep, str(tmp_path / "updown.pt2"))
+    imported = import_program(load_program(tmp_path / "updown.pt2"))
+    assert [str(d) for d in imported.inputs[0].shape[2:]] != ["32", "48"]  # still symbolic
+    exe = build_in_memory(imported.mod)
+    for s, t in [(32, 48), (64, 16)]:
+        x = torch.randn(1, 3, s, t)
+        with torch.inference_mode():
+            want = module(x).numpy()
+        np.testing.assert_allclose(run_executable(exe, [x.numpy()])[0], want,
+                                   rtol=1e-5, atol=1e-5)
+
+
 class MaskedAttention(nn.Module):
     """Attention with a boolean causal mask and an explicit scale."""
 

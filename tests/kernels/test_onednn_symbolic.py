@@ -173,6 +173,100 @@ def test_symbolic_dims_are_timed_at_their_bounds_capped_in_product():
     assert timing_dims(_func_with([2, 3]), {}) == {}
 
 
+def _window_rows_func():
+    """A composite as Swin's window partition reaches dispatch under a symbolic batch: its
+    dims read back from a run-time shape, four distinct vars all named `x` (TVM names them)."""
+    from tvm import relax, tirx
+
+    b, h, w, c = (tirx.Var("x", "int64") for _ in range(4))
+    rows = b * tirx.floordiv(h, 4) * tirx.floordiv(w, 4) * c // 24
+    dims = relax.Var("dims", relax.ShapeType([b, h, w, c]))
+    x = relax.Var("lv", relax.TensorType([rows, 16, 24], "float32"))
+    return relax.Function([dims, x], x, x.ty)
+
+
+def test_distinct_dims_of_one_name_are_timed_apart_and_never_empty():
+    from tvmopt.kernels.timing import (SYMBOLIC_ROWS, dim_value, distinct_dim_names,
+                                       random_inputs, timing_dims)
+
+    f = distinct_dim_names(_window_rows_func())
+    names = [v.name for v in f.params[0].ty.values]
+    assert len(set(names)) == 4 and names[0] == "x"
+    dims = timing_dims(f, {})
+    assert sorted(dims) == sorted(names)
+    rows = dim_value(f.params[1].ty.shape.values[0], dims)
+    assert 1 <= rows <= SYMBOLIC_ROWS
+    arrays = random_inputs(f, np.random.default_rng(0), dims)
+    assert arrays[1].shape == (rows, 16, 24)
+    # a function whose dims already have names of their own is returned as it is
+    assert distinct_dim_names(f).same_as(f)
+
+
+def test_dims_only_passed_as_values_are_capped_together():
+    from tvm import relax, tirx
+
+    from tvmopt.kernels.timing import SYMBOLIC_ROWS, timing_dims
+
+    m, n = tirx.Var("m", "int64"), tirx.Var("n", "int64")
+    dims = relax.Var("dims", relax.ShapeType([m, n]))
+    x = relax.Var("x", relax.TensorType([4, 8], "float32"))
+    values = timing_dims(relax.Function([dims, x], x, x.ty), {})
+    assert sorted(values) == ["m", "n"] and values["m"] * values["n"] <= SYMBOLIC_ROWS
+
+
+def test_a_shape_with_a_zero_divisor_has_no_value():
+    from tvm import tirx
+
+    from tvmopt.kernels.timing import dim_value
+
+    n, d = tirx.Var("n", "int64"), tirx.Var("d", "int64")
+    expr = n // tirx.floordiv(d, 4)
+    with pytest.raises(ValueError, match="does not reduce"):
+        dim_value(expr, {"n": 8, "d": 1})
+    unknown: set[str] = set()
+    assert dim_value(expr, {"n": 8, "d": 1}, unknown) == 1 and unknown
+
+
+def test_a_run_time_window_partition_is_timed_at_a_size_of_its_own(tmp_path, monkeypatch):
+    """Pads computed from Shape (Swin under a symbolic batch) leave the windowed dense layer
+    with dims known only at run time; auto dispatch times it at a small size of its own (it
+    asked for a 512 GiB input once) and the build matches onnxruntime."""
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.kernels import timing
+    from tvmopt.runtime.in_memory import host_target
+
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Mul", ["s", "zero"], ["z"]),  # zero pads, known at run time
+             helper.make_node("Concat", ["z", "z"], ["pads"], axis=0),
+             helper.make_node("Pad", ["x", "pads"], ["p"]),
+             helper.make_node("Reshape", ["p", "win"], ["w"]),
+             helper.make_node("MatMul", ["w", "wt"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["y"])]
+    m = model(nodes, [("x", ["batch", 8, 8, 8])],
+              {"zero": np.zeros(4, np.int64), "win": np.array([-1, 16, 8], np.int64),
+               "wt": rand(8, 8), "b": rand(8)})
+    target = host_target().to_tvm()
+    cfg = pipeline.PipelineConfig(dispatch="auto")
+    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
+    (choice,) = cfg.dispatch_choices
+    timed = dict(kv.split("=") for kv in choice.note.split("timed at ")[1].split(", "))
+    assert len(timed) == 4 and all(int(v) >= 1 for v in timed.values())
+    assert max(int(v) for v in timed.values()) <= timing.SYMBOLIC_ROWS
+    vm = relax.VirtualMachine(pipeline.build(mod, target, cfg=cfg, start_after="dispatch"),
+                              tvm.cpu())
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 8, 8, 8)).astype(np.float32)
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(got, sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dispatch", ["library", "codegen"])
 @pytest.mark.parametrize("stride,pad,dil,group", [(1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 2, 1),
                                                   (1, 1, 1, 4)])

@@ -196,13 +196,15 @@ def program_outputs(ep) -> list[TensorInfo]:
 def _decompose(ep, convert_map=None):
     """Core ATen, as TVM's importer expects (what `from_exported_program` does by default).
 
-    Some of torch's decompositions fail on programs with symbolic dims (a `view` of a
-    non-contiguous attention output, "expected sympy.Symbol" under derived dims such as
-    `8 * h`). Then the ops TVM's importer converts as they are (`convert_map`: linear,
+    A loaded program with derived dims (`8 * h`) is first cleared of the ranges torch's loader
+    files under them (_symbol_keyed_ranges), or torch cannot re-trace it. Some of torch's
+    decompositions fail on programs with symbolic dims (a `view` of a non-contiguous attention
+    output). Then the ops TVM's importer converts as they are (`convert_map`: linear,
     scaled_dot_product_attention, upsampling, ...) are left whole and only the rest decomposed.
     (Taking a program that torch cannot re-trace at all as exported, in training IR, gave wrong
     results on a DeepLabV3: it stays refused.)
     """
+    _symbol_keyed_ranges(ep)
     try:
         with _quiet():
             return ep.run_decompositions()
@@ -220,6 +222,28 @@ def _decompose(ep, convert_map=None):
             pass
     raise ImportFailure(f"torch could not decompose the program to core ATen: "
                         f"{error_line(first)[:300]}") from None
+
+
+def _symbol_keyed_ranges(ep) -> None:
+    """Drop the ranges that `torch.export.load` files under derived dims in the program's
+    ShapeEnv. Deserializing a program exported with `8 * Dim` constrains the expression
+    `8*s26` itself (torch's `_parse_sym_expr` calls `constrain_symbol_range` on every
+    sub-expression that has a saved range), so `var_to_range` holds a key that is no symbol
+    and re-tracing (run_decompositions) stops at "expected sympy.Symbol". The range of a
+    derived dim follows from its root's, which stays: the program is unchanged."""
+    import sympy
+
+    try:
+        from torch._export.utils import _get_shape_env_from_gm
+
+        shape_env = _get_shape_env_from_gm(ep.graph_module)
+    except Exception:  # noqa: BLE001 - a private torch helper: without it, nothing to clean
+        return
+    for table in ("var_to_range", "var_to_range_sloc"):
+        ranges = getattr(shape_env, table, None)
+        if isinstance(ranges, dict):
+            for key in [k for k in ranges if not isinstance(k, sympy.Symbol)]:
+                del ranges[key]
 
 
 def _op_name(node) -> str:

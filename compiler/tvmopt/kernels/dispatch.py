@@ -26,7 +26,8 @@ import numpy as np
 
 from .. import fallbacks
 from ..errors import error_line
-from .timing import TimingCache, cache_key, measure_call, random_inputs, roof, timing_dims
+from .timing import (TimingCache, cache_key, distinct_dim_names, measure_call, random_inputs,
+                     roof, timing_dims)
 
 MARGIN = 0.95  # library chosen when library_ms < MARGIN * codegen_ms
 
@@ -247,7 +248,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
 
     from . import onednn
 
-    groups = onednn.composites(mod)
+    # Timed with a value per dim name, so distinct dims need distinct names.
+    groups = {gv: distinct_dim_names(f) for gv, f in onednn.composites(mod).items()}
     if not groups:
         return set(), {}, []
     sites = _call_sites(mod, groups)

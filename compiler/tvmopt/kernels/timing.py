@@ -89,22 +89,89 @@ def cache_key(kernel: str, target_text: str, ext_id: str) -> str:
 SYMBOLIC_ROWS = 512
 
 
+def distinct_dim_names(func):
+    """`func` with each of its symbolic dims under a name no other one has.
+
+    Dims are given values by name (timing_dims, dim_value), but TVM's passes make distinct vars
+    of one name: every shape read back from a tensor at run time (a Pad or Reshape whose sizes
+    are computed) defines fresh vars all called `x`. One value for all of them is no value of
+    the kernel: a window partition's rows `x * (x / 4) * (x / 4) * x // 24` became 179 million
+    at x = 512. The first var keeps its name (a model's `batch` stays `batch`), later ones get
+    `name_1`, `name_2`, ...
+    """
+    from tvm import relax, tirx
+
+    # In the order the params show them, then the body's own.
+    found = [*(v for p in func.params for v in relax.analysis.tir_vars_in_type(p.ty)),
+             *relax.analysis.defined_symbolic_vars(func),
+             *relax.analysis.free_symbolic_vars(func)]
+    taken, owner, rename = {v.name for v in found}, {}, {}
+    for v in found:
+        if owner.setdefault(v.name, v).same_as(v):
+            continue
+        k = 1
+        while f"{v.name}_{k}" in taken:
+            k += 1
+        taken.add(f"{v.name}_{k}")
+        rename[v] = tirx.Var(f"{v.name}_{k}", v.ty)
+    return func.bind_symbolic_vars(rename) if rename else func
+
+
 def timing_dims(func, bounds: dict[str, tuple[int, int]]) -> dict[str, int]:
     """The value each symbolic dim of `func`'s params is timed at: its upper bound from
-    `bounds` (name -> (lo, hi)), halved, largest first, while their product exceeds
-    SYMBOLIC_ROWS (never below the lower bound)."""
-    from tvm import relax
+    `bounds` (name -> (lo, hi)), halved, largest first, while the kernel's rows exceed
+    SYMBOLIC_ROWS (never below the lower bound).
+
+    A tensor's rows are the product of its symbolic dims (batch * seq of a dense layer's
+    input), the kernel's the most of any param or result (dims it is only passed as values
+    count as one tensor's). A dim is not halved where that would leave a tensor with no rows:
+    a dim read back from a run-time shape and divided (`x * (x / 4) * (x / 4) * x // 24`, a
+    window partition) would otherwise be timed empty."""
+    from tvm import relax, tirx
 
     names = sorted({v.name for p in func.params
                     for v in relax.analysis.tir_vars_in_type(p.ty)})
     lo = {n: max(bounds.get(n, (1, 0))[0], 1) for n in names}
     values = {n: max(bounds.get(n, (1, SYMBOLIC_ROWS))[1], lo[n]) for n in names}
-    while int(np.prod([1, *values.values()])) > SYMBOLIC_ROWS:
-        shrinkable = [n for n in names if values[n] > lo[n]]
+    tensors = [*[p.ty for p in func.params], func.ret_ty]
+    tensors = [t for ty in tensors for t in (ty.fields if isinstance(ty, relax.TupleType)
+                                             else [ty])]
+    symbolic = [[d for d in getattr(getattr(t, "shape", None), "values", None) or []
+                 if not hasattr(d, "value")] for t in tensors]
+    symbolic = [dims for dims in symbolic if dims]
+    # Dims only passed to the kernel as values (its body shapes tensors with them) count
+    # together, as one more tensor's.
+    shaped = {v.name for dims in symbolic for d in dims for v in tirx.analysis.undefined_vars(d)}
+    passed = {v.name: v for p in func.params if isinstance(p.ty, relax.ShapeType)
+              for v in relax.analysis.tir_vars_in_type(p.ty) if v.name not in shaped}
+    if passed:
+        symbolic.append(list(passed.values()))
+    # A var of a result that no param defines (a size known only at run time) counts as 1.
+    ones = {v.name: 1 for dims in symbolic for d in dims for v in tirx.analysis.undefined_vars(d)}
+
+    def size(d, vals):
+        try:
+            return dim_value(d, {**ones, **vals})
+        except ValueError:  # no value: a divisor at 0
+            return 0
+
+    def sizes(vals):
+        return [[size(d, vals) for d in dims] for dims in symbolic]
+
+    def rows(vals):
+        return max([1, *(int(np.prod(s)) for s in sizes(vals))])
+
+    held: set[str] = set()
+    while rows(values) > SYMBOLIC_ROWS:
+        shrinkable = [n for n in names if values[n] > lo[n] and n not in held]
         if not shrinkable:
             break
         n = max(shrinkable, key=values.get)
-        values[n] = max(values[n] // 2, lo[n])
+        before = values[n]
+        values[n] = max(before // 2, lo[n])
+        if any(v < 1 for s in sizes(values) for v in s):
+            values[n] = before
+            held.add(n)
     return values
 
 
@@ -112,7 +179,9 @@ def dim_value(expr, dims: dict[str, int], unknown: set[str] | None = None) -> in
     """An integer shape expression with its symbolic dims taken from `dims`.
 
     A var missing from `dims` is an error, unless `unknown` is given: it then counts as 1 and
-    its name is added to `unknown` (a size only known at run time, e.g. NonZero's count).
+    its name is added to `unknown` (a size only known at run time, e.g. NonZero's count). So is
+    an expression that has no value there (a division by a dim that is 0 at these values): the
+    whole expression then counts as 1.
     """
     from tvm import tirx
     from tvm.sym import Analyzer
@@ -130,11 +199,15 @@ def dim_value(expr, dims: dict[str, int], unknown: set[str] | None = None) -> in
         # a scalar tirx.Var carries its dtype in its type (`.dtype` is for buffer vars)
         dtype = str(getattr(var.ty, "dtype", "int64"))
         analyzer.bind(var, tirx.const(int(dims.get(var.name, 1)), dtype))
-    value = analyzer.simplify(expr)
+    try:
+        value = analyzer.simplify(expr)
+    except Exception:  # noqa: BLE001 - TVM's "Divide by zero": a divisor is 0 at these values
+        value = None
     if hasattr(value, "value"):
         return int(value.value)
     if unknown is None:
-        raise ValueError(f"shape {expr} does not reduce to a number")
+        raise ValueError(f"shape {expr} does not reduce to a number at "
+                         f"{', '.join(f'{k}={v}' for k, v in dims.items()) or 'these dims'}")
     unknown.add(str(expr))
     return 1
 

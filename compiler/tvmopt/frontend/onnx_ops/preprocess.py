@@ -168,6 +168,33 @@ def _evaluate(node, values: dict, opset: int):
     return outs
 
 
+def _output_elements(node, values: dict, shapes: dict) -> int:
+    """The most elements an output of `node` will have, where that is known before running it
+    (0 where it is not): from shape inference, or from the input values of the ops whose output
+    size is one (ConstantOfShape, Expand, Tile, Range). Small inputs can ask for a huge output,
+    which the reference evaluator would build in full before the size check sees it."""
+    import math
+
+    import numpy as np
+
+    sizes = [math.prod(shapes[o]) for o in node.output if o in shapes]
+    ins = [values.get(i) for i in node.input]
+    try:
+        if node.op_type == "ConstantOfShape" and ins and ins[0] is not None:
+            sizes.append(math.prod(int(d) for d in ins[0].reshape(-1)))
+        elif node.op_type == "Expand" and len(ins) == 2 and None not in ins:
+            sizes.append(math.prod(np.broadcast_shapes(
+                ins[0].shape, tuple(int(d) for d in ins[1].reshape(-1)))))
+        elif node.op_type == "Tile" and len(ins) >= 2 and None not in ins[:2]:
+            sizes.append(ins[0].size * math.prod(int(r) for r in ins[1].reshape(-1)))
+        elif node.op_type == "Range" and len(ins) == 3 and None not in ins:
+            start, limit, delta = (float(v.reshape(-1)[0]) for v in ins)
+            sizes.append(max(math.ceil((limit - start) / delta), 0) if delta else 0)
+    except (ValueError, OverflowError, TypeError):
+        pass  # the evaluator refuses these operands itself
+    return max(sizes, default=0)
+
+
 def fold_constants(model):
     """Replace nodes computable at compile time (static shapes, constants) with Constants."""
     import numpy as np
@@ -206,7 +233,8 @@ def fold_constants(model):
                 not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                         for a in node.attribute) and \
                 all((not i) or (i in values and i not in graph_inputs) for i in node.input) and \
-                all(values[i].size <= _MAX_INPUT_ELEMENTS for i in node.input if i):
+                all(values[i].size <= _MAX_INPUT_ELEMENTS for i in node.input if i) and \
+                _output_elements(node, values, shapes) <= _MAX_OUTPUT_ELEMENTS:
             outs = _evaluate(node, values, opset)
             if outs is not None and any(not isinstance(o, np.ndarray) or o.dtype == object or
                                         o.size > _MAX_OUTPUT_ELEMENTS for o in outs):
