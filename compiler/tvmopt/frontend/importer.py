@@ -8,7 +8,7 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from ..errors import ImportFailure, ShapeError, UnsupportedOpError, error_line
+from ..errors import ImportFailure, ShapeError, TvmoptError, UnsupportedOpError, error_line
 from ..tensor_info import TensorInfo
 from .onnx_model import graph_outputs, resolve_input_shapes
 
@@ -304,6 +304,55 @@ def _check_if_branches(node) -> None:
                                          "an Optional, which the importer does not support")
 
 
+def _who(node, opset: int) -> str:
+    return f"node '{node.name or f'<unnamed {node.op_type}>'}' ({node.op_type}, opset {opset})"
+
+
+def _unknown_rank_reason(node, inputs: list, err: BaseException) -> str:
+    """Why a converter failed, in words when an input's rank or dims are unknown at compile time
+    (a shape that follows from run-time values, e.g. Squeeze without axes of a tensor whose dims
+    are computed): TVM's own message then is an internal check about a missing shape."""
+    from tvm import relax
+
+    reason = error_line(err)
+    for k, v in enumerate(inputs):
+        ty = getattr(v, "ty", None) if isinstance(v, relax.Expr) else None
+        unknown = (isinstance(ty, (relax.TensorType, relax.ShapeType)) and ty.ndim < 0 or
+                   isinstance(ty, relax.TensorType) and ty.shape is None)
+        if unknown:
+            name = f" '{node.input[k]}'" if node is not None and k < len(node.input) else ""
+            what = "a length" if isinstance(ty, relax.ShapeType) else \
+                "a rank" if ty.ndim < 0 else "dims"
+            return (f"input {k}{name} has {what} unknown at compile time (it follows from "
+                    f"values computed at run time), which this op needs ({reason})")
+    return reason
+
+
+def _check_no_strings(model) -> None:
+    """Refuse a graph with a string tensor (an input, initializer or Constant) by name, before
+    TVM fails on numpy's `object` dtype with a message naming neither the tensor nor the node.
+
+    Raises:
+        UnsupportedOpError: naming the tensor and the first node that reads it.
+    """
+    from onnx import TensorProto
+
+    strings = [vi.name for vi in model.graph.input
+               if vi.type.tensor_type.elem_type == TensorProto.STRING]
+    strings += [t.name for t in model.graph.initializer if t.data_type == TensorProto.STRING]
+    strings += [n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output
+                and any(a.t.data_type == TensorProto.STRING or a.strings for a in n.attribute)]
+    if not strings:
+        return
+    first = strings[0]
+    reader = next((n for n in _iter_nodes(model.graph) if first in n.input), None)
+    where = f" read by node '{reader.name or f'<unnamed {reader.op_type}>'}' ({reader.op_type})" \
+        if reader is not None else ""
+    more = f" (and {len(strings) - 1} more)" if len(strings) > 1 else ""
+    raise UnsupportedOpError(f"tensor '{first}'{more}{where} holds strings: string tensors are "
+                             "not supported")
+
+
 class _OneNode:
     """A graph holding one node, for feeding TVM's importer node by node."""
 
@@ -343,12 +392,21 @@ def _make_importer_class():
                 _check_empty_inputs(node, self.opset)
                 _check_attribute_values(node)
                 _check_if_branches(node)
-                node = shape_values.materialize_inputs(self.bb, self._nodes, node)
-                if node.op_type in control_flow.UNROLLED:  # they need the importer, not a converter
-                    control_flow.unroll(self, node)
-                    continue
-                self._current_node = node
-                super()._construct_nodes(_OneNode(node))
+                try:
+                    node = shape_values.materialize_inputs(self.bb, self._nodes, node)
+                    if node.op_type in control_flow.UNROLLED:  # they need the importer
+                        control_flow.unroll(self, node)
+                        continue
+                    if node.op_type == "If" and control_flow.fold_constant_if(self, node):
+                        continue
+                    self._current_node = node
+                    super()._construct_nodes(_OneNode(node))
+                except TvmoptError:
+                    raise
+                except Exception as err:
+                    # Anything else escaping here (TVM's own If import, an internal check while
+                    # normalizing) is still this node's failure: say which node.
+                    raise ImportFailure(f"{_who(node, self.opset)}: {error_line(err)}") from err
             # A graph output that is a shape value (e.g. Shape(x) itself) leaves as a tensor.
             for out in graph.output:
                 value = self._nodes.get(out.name)
@@ -356,11 +414,24 @@ def _make_importer_class():
                                           shape_values._is_shape_value(value)):
                     self._nodes[out.name] = shape_values.as_shape_tensor(self.bb, value)
 
+        def _convert_subgraph(self, bb, graph):
+            # A branch or loop body goes through the same per-node path as the main graph (its
+            # checks, shape-value inputs, nested constant Ifs), not TVM's bare converter loop.
+            outer = dict(self._nodes)
+            try:
+                for init in graph.initializer:
+                    self._nodes[init.name] = relax.const(self._parse_array(init))
+                self._construct_nodes(graph)
+                outs = [self._nodes[o.name] for o in graph.output]
+                return outs[0] if len(outs) == 1 else relax.Tuple(outs)
+            finally:
+                self._nodes = outer
+
         def _convert_operator(self, op_name, inputs, attrs, opset):
             cmap = converter_map()
             if op_name not in cmap:
                 raise UnsupportedOpError(f"unsupported ONNX op type {op_name} at opset {opset}")
-            node_name = attrs.get("tvm_custom", {}).get("name") or "<unnamed>"
+            node_name = attrs.get("tvm_custom", {}).get("name") or f"<unnamed {op_name}>"
             node = getattr(self, "_current_node", None)
             if node is not None and node.op_type == op_name:
                 attrs = _ReadAttrs(attrs)
@@ -375,27 +446,31 @@ def _make_importer_class():
             try:
                 sym = cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
                                                           [self._nodes, self._params])
-            except (ImportFailure, UnsupportedOpError, ShapeError):
+                if isinstance(attrs, _ReadAttrs):
+                    ignored = ignored_by_converter(node, attrs, inputs, opset)
+                    if ignored:
+                        raise UnsupportedOpError(ignored)
+                if isinstance(sym, relax.Expr):
+                    sym = self._normalize(op_name, inputs, sym)
+            except TvmoptError:
                 raise
             except Exception as err:
-                reason = error_line(err)
+                reason = _unknown_rank_reason(node if node is not None and node.op_type == op_name
+                                              else None, list(list.__iter__(inputs)), err)
                 raise ImportFailure(f"node '{node_name}' ({op_name}, opset {opset}): {reason}") from err
-            if isinstance(attrs, _ReadAttrs):
-                ignored = ignored_by_converter(node, attrs, inputs, opset)
-                if ignored:
-                    raise UnsupportedOpError(ignored)
-            if isinstance(sym, relax.Expr):
-                from .onnx_ops import shape_values
-
-                if op_name in _FOLDED_ARITHMETIC:
-                    sym = shape_values.keep_scalar_dtype(sym, inputs)
-                sym = self.bb.normalize(sym)
-                known = self.__dict__.setdefault("_known_dims", {})
-                for v in list(inputs) + [sym]:
-                    for d in shape_values.dims_of(v):
-                        known.setdefault(str(d), d)
-                sym = shape_values.tighten_shape(self.bb, sym, list(known.values()))
             return sym
+
+        def _normalize(self, op_name, inputs, sym):
+            from .onnx_ops import shape_values
+
+            if op_name in _FOLDED_ARITHMETIC:
+                sym = shape_values.keep_scalar_dtype(sym, inputs)
+            sym = self.bb.normalize(sym)
+            known = self.__dict__.setdefault("_known_dims", {})
+            for v in list(inputs) + [sym]:
+                for d in shape_values.dims_of(v):
+                    known.setdefault(str(d), d)
+            return shape_values.tighten_shape(self.bb, sym, list(known.values()))
 
     return Importer
 
@@ -456,6 +531,7 @@ def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None
     too_new = opset_verdict(model)
     if too_new and not allow_newer_opset:
         raise UnsupportedOpError(too_new)
+    _check_no_strings(model)
 
     opset = min(model_opset(model), newest_known_opset())
     shape_dict = {i.name: list(i.shape) for i in inputs if i.name in overrides}

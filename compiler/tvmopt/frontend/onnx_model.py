@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelError, ShapeError, error_line
+from ..errors import ModelError, ShapeError, UnsupportedOpError, error_line
 from ..tensor_info import TensorInfo
 
 
@@ -190,6 +190,7 @@ def resolve_input_shapes(model, overrides: dict[str, tuple[int, ...]]) -> list[T
     Raises:
         ShapeError: an override names no input or has the wrong rank, or a dim is unknown.
     """
+    _check_tensor_inputs(model)
     inputs = graph_inputs(model)
     names = [i.name for i in inputs]
     for name in overrides:
@@ -220,3 +221,22 @@ def resolve_input_shapes(model, overrides: dict[str, tuple[int, ...]]) -> list[T
                              "with N a number")
         out.append(inp)
     return out
+
+
+_KINDS = {"sequence_type": "a sequence", "optional_type": "an optional", "map_type": "a map",
+          "sparse_tensor_type": "a sparse tensor"}
+
+
+def _check_tensor_inputs(model) -> None:
+    """Refuse a graph input that is not a dense tensor by name and kind (otherwise it reads as a
+    tensor of unknown rank, and the user is told to pass a --shape that cannot help).
+
+    Raises:
+        UnsupportedOpError: naming the input and what it is.
+    """
+    inits = {t.name for t in model.graph.initializer}
+    for vi in model.graph.input:
+        kind = vi.type.WhichOneof("value")
+        if vi.name not in inits and kind in _KINDS:
+            raise UnsupportedOpError(f"input '{vi.name}' is {_KINDS[kind]}: only tensor inputs "
+                                     "are supported")

@@ -33,6 +33,26 @@ def unroll(importer, node) -> None:
             importer._nodes[out_name] = value
 
 
+def fold_constant_if(importer, node) -> bool:
+    """Import only the taken branch of an If whose condition is known at import time (a shape
+    test such as Size(size) == 4 in AffineGrid's expansion); False when it is not known.
+
+    The untaken branch may not even import (it can assume the other rank), and TVM's If would
+    emit both branches' work into the enclosing block.
+    """
+    cond = importer._nodes.get(node.input[0]) if node.input else None
+    value = _const_value(cond)
+    if value is None or value.size != 1:
+        return False
+    attr = {a.name: a.g for a in node.attribute}
+    branch = attr["then_branch" if bool(value.reshape(())) else "else_branch"]
+    outs = _run_body(importer, branch, [])
+    for out_name, value in zip(node.output, outs):
+        if out_name:
+            importer._nodes[out_name] = value
+    return True
+
+
 def _static_dim(importer, x, axis: int, what: str) -> int:
     from tvm import tirx
 

@@ -347,7 +347,15 @@ class Unsqueeze:
         base = tvm_converter("Unsqueeze", opset)
 
         def convert(bb, inputs, attr, params):
+            import tvm
+
             if opset < 13 or len(inputs) < 2 or not is_run_time(inputs[1], params):
+                axes = _operand(inputs[1], params) if opset >= 13 and len(inputs) > 1 else None
+                if isinstance(axes, tvm.ir.GenericConst) and axes.value.numpy().ndim == 0:
+                    # a scalar axis (onnx's own AffineGrid expansion writes one): as [axis]
+                    from tvm import relax
+
+                    inputs = [inputs[0], relax.const(axes.value.numpy().reshape(1))]
                 return base(bb, inputs, attr, params)
             return cls._run_time(bb, inputs[0], inputs[1])
 
@@ -591,14 +599,19 @@ class TopK:
         if attr.get("sorted", 1) != 1:
             raise ValueError("TopK sorted=0 is not supported")
         ascend = not bool(attr.get("largest", 1))
+        dtype = str(x.ty.dtype)
+        x = _sortable(bb, x)
         if not is_run_time(inputs[1], params):
             k = int(_operand(inputs[1], params).value.numpy().reshape(-1)[0])
             both = bb.emit_te(topi.topk, x, k, axis, "both", ascend, "int64")
-            return relax.Tuple([bb.emit(relax.TupleGetItem(both, i)) for i in (0, 1)])
+            return relax.Tuple([_unsortable(bb, bb.emit(relax.TupleGetItem(both, 0)), dtype),
+                                bb.emit(relax.TupleGetItem(both, 1))])
         n = x.ty.shape[axis]
         if not isinstance(n, (int, tirx.IntImm)):
             raise ValueError(f"TopK with k fed at run time needs a static dim {axis}")
         both = bb.emit_te(topi.topk, x, int(n), axis, "both", ascend, "int64")
+        both = relax.Tuple([_unsortable(bb, bb.emit(relax.TupleGetItem(both, 0)), dtype),
+                            bb.emit(relax.TupleGetItem(both, 1))])
         (kv,) = shape_vars(bb, bb.emit(relax.op.reshape(relax.op.astype(inputs[1], "int64"),
                                                         [1])), 1, "topk_k")
         shape = list(x.ty.shape)
@@ -607,9 +620,53 @@ class TopK:
         def head(data):
             return te.compute(shape, lambda *i: data[i], name="topk_head")
 
-        values = bb.emit_te(head, bb.emit(relax.TupleGetItem(both, 0)))
-        indices = bb.emit_te(head, bb.emit(relax.TupleGetItem(both, 1)))
+        values = bb.emit_te(head, both[0])
+        indices = bb.emit_te(head, both[1])
         return relax.Tuple([values, indices])
+
+
+# Element types TVM's sort library (tvm.contrib.sort, what topi.topk calls on CPU) orders
+# directly; the others are sorted as a wider type with the same order and converted back.
+_SORT_DTYPES = {"float16", "float32", "float64", "int8", "uint8", "int32", "int64"}
+_SORT_AS = {"int16": "int64", "uint16": "int64", "uint32": "int64", "bool": "uint8",
+            "bfloat16": "float32"}
+_UINT64_BIAS = 1 << 63
+
+
+def _sortable(bb, x):
+    """`x` as a type the sort library takes, in the same order (lossless for every value)."""
+    from tvm import relax, te, tirx
+
+    dtype = str(x.ty.dtype)
+    if dtype in _SORT_DTYPES:
+        return x
+    if dtype in _SORT_AS:
+        return bb.emit(relax.op.astype(x, _SORT_AS[dtype]))
+    if dtype == "uint64":
+        # flipping the top bit maps unsigned order onto signed order
+        def flip(a):
+            bias = tirx.const(_UINT64_BIAS, "uint64")
+            return te.compute(a.shape, lambda *i: tirx.reinterpret("int64", a[i] ^ bias),
+                              name="topk_u64_key")
+
+        return bb.emit_te(flip, x)
+    raise ValueError(f"TopK of {dtype} values is not supported")
+
+
+def _unsortable(bb, values, dtype: str):
+    """Values from `_sortable`'s type back to `dtype`."""
+    from tvm import relax, te, tirx
+
+    if str(values.ty.dtype) == dtype:
+        return values
+    if dtype == "uint64":
+        def unflip(a):
+            bias = tirx.const(_UINT64_BIAS, "uint64")
+            return te.compute(a.shape, lambda *i: tirx.reinterpret("uint64", a[i]) ^ bias,
+                              name="topk_u64_value")
+
+        return bb.emit_te(unflip, values)
+    return bb.emit(relax.op.astype(values, dtype))
 
 
 @register("OneHot")
@@ -652,3 +709,57 @@ class OneHot:
             return te.compute(shape, at, name="one_hot")
 
         return bb.emit_te(kernel, indices, values)
+
+
+@register("AffineGrid")
+class AffineGrid:
+    """AffineGrid with `size` fed at run time: its spatial dims are bound to symbolic vars and
+    the grid is computed over them (relax's affine_grid legalizes only a static size). The batch
+    comes from theta. A constant size uses TVM's converter."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        base = tvm_converter("AffineGrid", opset)
+
+        def convert(bb, inputs, attr, params):
+            from tvm import relax
+
+            theta, size = inputs[0], inputs[1]
+            if not is_run_time(size, params):
+                return base(bb, inputs, attr, params)
+            n = _static_len(size, "size")
+            if n not in (4, 5):
+                raise ValueError(f"AffineGrid's size must hold 4 (N, C, H, W) or 5 (N, C, D, H, "
+                                 f"W) values, it holds {n}")
+            dims = shape_vars(bb, bb.emit(relax.op.astype(size, "int64")), n, "grid_")
+            align = bool(attr.get("align_corners", 0))
+            return bb.emit_te(_affine_grid, theta, dims[2:], align)
+
+        return convert
+
+
+def _affine_grid(theta, spatial, align_corners: bool):
+    """grid[n, *p, i] = sum_j theta[n, i, j] * (x_W, y_H, [z_D,] 1)[j] at output point p, the
+    coordinates normalized to [-1, 1] as ONNX defines (pixel centres, or corners when aligned)."""
+    from tvm import te, tirx
+
+    dtype = theta.dtype
+    k = len(spatial)  # 2 (H, W) or 3 (D, H, W)
+
+    def coord(i, size):
+        i, size = i.astype(dtype), size.astype(dtype)
+        if not align_corners:
+            return (2 * i + 1) / size - 1
+        # one point sits at -1 (numpy.linspace(-1, 1, 1)), not at 0/0
+        return tirx.Select(size > 1, 2 * i / tirx.max(size - 1, 1) - 1, tirx.const(-1, dtype))
+
+    def value(n, *rest):
+        p, out = rest[:k], rest[k]
+        base = [coord(p[k - 1 - j], spatial[k - 1 - j]) for j in range(k)]  # x, y, [z]
+        acc = theta[n, out, k]
+        for j in range(k):
+            acc = acc + theta[n, out, j] * base[j]
+        return acc
+
+    shape = [theta.shape[0], *spatial, k]
+    return te.compute(shape, value, name="affine_grid")
