@@ -116,11 +116,16 @@ def dim_value(expr, dims: dict[str, int], unknown: set[str] | None = None) -> in
         # a scalar tirx.Var carries its dtype in its type (`.dtype` is for buffer vars)
         dtype = str(getattr(var.ty, "dtype", "int64"))
         analyzer.bind(var, tirx.const(int(dims.get(var.name, 1)), dtype))
-    value = analyzer.simplify(expr)
+    try:
+        value = analyzer.simplify(expr)
+    except Exception:  # noqa: BLE001 - TVM's const folder refuses a division by zero
+        # The sizes picked do not make a valid shape of this expression (a length divided by
+        # another length that is 0 for so short an input): no number for it here.
+        value = None
     if hasattr(value, "value"):
         return int(value.value)
     if unknown is None:
-        raise ValueError(f"shape {expr} does not reduce to a number")
+        raise ValueError(f"shape {expr} does not reduce to a number at {dims}")
     unknown.add(str(expr))
     return 1
 
