@@ -1,6 +1,7 @@
 """torch.export programs whose ops take symbolic sizes: a slice of a position table to the
-sequence length (transformers text encoders) and `repeat` by the batch size (DETR's queries),
-imported with their dims symbolic and run at several sizes against torch."""
+sequence length (transformers text encoders), `repeat` by the batch size (DETR's queries) and a
+residual whose operands spell one length two ways (wav2vec2), imported with their dims
+symbolic and run at several sizes against torch."""
 
 from __future__ import annotations
 
@@ -160,3 +161,28 @@ def test_cumsum_of_a_padding_mask():
     seq = torch.export.Dim("seq", min=2, max=60)
     _run(PaddingPositions(), torch.randint(0, 50, (2, 9)), {1: seq},
          [torch.randint(0, 50, s) for s in [(2, 5), (2, 40)]])
+
+
+class ConvPositions(nn.Module):
+    """wav2vec2's feature encoder and positional convolution: the positions are a padded
+    grouped conv with its last frame dropped (length `min(max(n + 1, 0), n + 2)` after the
+    slice), added to a projection whose length torch spells as nested floor divisions."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv1d(1, d, 10, stride=5), nn.Conv1d(d, d, 3, stride=2)
+        self.proj = nn.Linear(d, 2 * d)
+        self.pos = nn.Conv1d(2 * d, 2 * d, 4, padding=2, groups=2)
+
+    def forward(self, wave):
+        h = self.c2(torch.nn.functional.gelu(self.c1(wave[:, None]))).transpose(1, 2)
+        h = self.proj(h)
+        p = self.pos(h.transpose(1, 2))[:, :, :-1]
+        return torch.nn.functional.layer_norm(h + p.transpose(1, 2), (h.shape[-1],))
+
+
+def test_residual_of_a_sliced_positional_conv_keeps_its_shape():
+    samples = torch.export.Dim("samples", min=40, max=4000)
+    batch = torch.export.Dim("batch", min=1, max=4)
+    waves = [torch.randn(s) for s in [(2, 400), (1, 123)]]
+    _run(ConvPositions(), torch.randn(2, 400), {0: batch, 1: samples}, waves)

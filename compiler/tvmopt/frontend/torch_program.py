@@ -386,6 +386,47 @@ def _torch_shapes_for_slices(importer) -> None:
     importer.convert_map["slice.Tensor"] = convert
 
 
+# Elementwise ATen ops whose tensor operands broadcast against each other (numpy rules).
+_BROADCASTING_OPS = (
+    "add", "add.Tensor", "add_.Tensor", "sub", "sub.Tensor", "rsub.Tensor", "mul", "mul.Tensor",
+    "mul_.Tensor", "div.Tensor", "div.Tensor_mode", "floor_divide.default", "fmod.Tensor",
+    "remainder.Tensor", "pow.Tensor_Tensor", "atan2.default", "maximum.default",
+    "minimum.default", "eq", "eq.Tensor", "ne", "ne.Tensor", "lt", "lt.Tensor", "le",
+    "le.Tensor", "gt", "gt.Tensor", "ge", "ge.Tensor", "logical_and.default",
+    "logical_or.default", "logical_xor.default", "bitwise_and.Tensor", "bitwise_or.Tensor",
+    "bitwise_xor.Tensor", "where.self", "masked_fill.Scalar", "clamp.Tensor")
+
+
+def _agreeing_broadcasts(importer) -> None:
+    """Operands of a broadcasting op whose equal dims are spelled two ways keep a known shape.
+
+    wav2vec2's positional convolution pads by 8 and drops the last frame: its length is a
+    slice's `min(max(n + 1, 0), n + 2)` over the feature encoder's `n = (s - 105) // 80`,
+    while the residual it is added to carries torch's `1 + ((s // 5 - 9) // 4 - 3) // 4`.
+    Relax cannot prove them equal, so the sum (and the LayerNorm after it) lost its shape
+    ("emit_te now only supports Tensor that has ShapeExpr shape"). torch has checked that
+    the operands broadcast, so they are asserted to one spelling (shape_values'
+    agree_broadcast_dims, as the ONNX importer does; checked when the artifact runs).
+    """
+    from torch import fx
+
+    from .onnx_ops.shape_values import agree_broadcast_dims
+
+    def wrap(fn):
+        def convert(node, *rest):
+            args = [a for a in node.args if isinstance(a, fx.Node) and a in importer.env]
+            vals = [importer.env[a] for a in args]
+            for a, v, w in zip(args, vals, agree_broadcast_dims(importer.block_builder, vals)):
+                if w is not v:
+                    importer.env[a] = w
+            return fn(node, *rest)
+        return convert
+
+    for op in _BROADCASTING_OPS:
+        if op in importer.convert_map:
+            importer.convert_map[op] = wrap(importer.convert_map[op])
+
+
 def _known_syms(importer) -> dict:
     """Name -> TIR var of every dim var the program's inputs carry (read once: the inputs are
     in the importer's env before the first node is converted)."""
@@ -650,6 +691,7 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
     _attention_as_matmuls(importer)
     _symbolic_upsample(importer)
     _scans_through_topi(importer)
+    _agreeing_broadcasts(importer)
     _naming_converters(importer)
     try:
         with _quiet():

@@ -125,7 +125,8 @@ def channels_last(kernel_layout: str = "HWIO") -> list:
     """Passes (before LegalizeOps) moving conv2d to NHWC with `kernel_layout` weights.
 
     Only modules with a conv2d (or a conv1d, made one first) change. ConvertLayout refuses some graphs (a match_cast of a
-    data-dependent shape: "exactly one of the layouts is unknown"); those keep their layout.
+    data-dependent shape: "exactly one of the layouts is unknown") or makes an ill-formed
+    module of them (a free var after a match_cast); those keep their layout.
     """
     # conv2d_transpose / conv1d_transpose are pinned to NCHW / NCW: they would otherwise follow
     # their NHWC producer (a conv1d is a conv2d of height 1 here), and TVM's legalizer lowers
@@ -142,11 +143,27 @@ def channels_last(kernel_layout: str = "HWIO") -> list:
         if not _has_conv2d(mod):
             return mod
         try:
-            return convert(mod)
+            out = convert(mod)
         except Exception:  # noqa: BLE001 - TVM raises InternalError subclasses
             return mod
+        # ConvertLayout re-emits a match_cast whose layout does not change as it was, still
+        # reading the var its operand had before that operand was re-emitted: the result reads
+        # a var nothing defines, which code generation refuses ("Var lv34 is not defined").
+        # wav2vec2's residual add, whose operands are asserted to one spelling of the frame
+        # count (torch_program._agreeing_broadcasts), is one such graph; it keeps its layout.
+        return out if _well_formed(out) else mod
 
     return [channels_last_pass]
+
+
+def _well_formed(mod) -> bool:
+    """Every var defined before it is read. (TVM 0.27's well_formed returns nothing and
+    raises on the first violation; types are not checked.)"""
+    try:
+        relax.analysis.well_formed(mod, check_ty=False)
+    except Exception:  # noqa: BLE001 - the violation, as TVM's ValueError / InternalError
+        return False
+    return True
 
 
 def _has_conv2d(mod) -> bool:

@@ -117,8 +117,9 @@ def expand_functions(model, supported: set[str], rounds: int = 3):
     return model
 
 
-def _static_shapes(model) -> dict[str, tuple[int, ...]]:
-    """Fully static shapes of every value ONNX shape inference can type."""
+def _inferred_shapes(model) -> dict[str, tuple[int | None, ...]]:
+    """The shape of every value ONNX shape inference can type, None for a dim it cannot
+    tell as a number (a symbolic `batch`)."""
     import onnx
 
     try:
@@ -131,12 +132,51 @@ def _static_shapes(model) -> dict[str, tuple[int, ...]]:
         t = vi.type.tensor_type
         if not vi.type.HasField("tensor_type") or not t.HasField("shape"):
             continue
-        dims = t.shape.dim
-        if all(d.HasField("dim_value") for d in dims):
-            shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
+        shapes[vi.name] = tuple(int(d.dim_value) if d.HasField("dim_value") else None
+                                for d in t.shape.dim)
     for init in g.initializer:
         shapes[init.name] = tuple(init.dims)
     return shapes
+
+
+def _static_dims_read(node, partial: dict, values: dict):
+    """The output of a Gather or Slice that reads only static dims out of a shape with some
+    symbolic ones (`Shape(x)[2]` of a (batch, C, 16, 16) feature map), else None.
+
+    torch writes `math.ceil(h / patch) * patch` over a static image size (MobileViT's
+    unfolding) as Shape -> Gather -> Cast -> Div -> Ceil -> ...; with the 16 known here the
+    whole chain folds, and the reshape it computes gets constant dims instead of dims known
+    only at run time, which later ops (a LayerNorm over a static width) could not match.
+    """
+    import numpy as np
+    from onnx import helper
+
+    dims = partial.get(node.input[0])
+    if dims is None:
+        return None
+    shape = np.array([-1 if d is None else d for d in dims], dtype=np.int64)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    try:
+        if node.op_type == "Gather":
+            if int(attrs.get("axis", 0)) != 0 or node.input[1] not in values:
+                return None
+            picked = np.take(shape, values[node.input[1]].astype(np.int64))
+        else:  # Slice: starts, ends, [axes], [steps] as constant inputs
+            args = [values.get(i) if i else None for i in list(node.input[1:]) + [""] * 4][:4]
+            starts, ends, axes, steps = args
+            if starts is None or ends is None or (node.input[3:4] and node.input[3] and
+                                                  axes is None) or \
+                    (node.input[4:5] and node.input[4] and steps is None):
+                return None
+            if axes is not None and [int(a) for a in np.ravel(axes)] not in ([0], [-1]):
+                return None
+            step = int(np.ravel(steps)[0]) if steps is not None else 1
+            picked = shape[slice(int(np.ravel(starts)[0]), int(np.ravel(ends)[0]), step)]
+    except (IndexError, ValueError):
+        return None
+    if (picked < 0).any():
+        return None
+    return [np.asarray(picked, dtype=np.int64)]
 
 
 def _default_opset(model) -> int:
@@ -205,7 +245,9 @@ def fold_constants(model):
     if any(n.domain not in ("", "ai.onnx") for n in graph.node):
         return model  # custom domains: leave their inputs untouched
     opset = _default_opset(model)
-    shapes = _static_shapes(model)
+    inferred = _inferred_shapes(model)
+    shapes = {k: v for k, v in inferred.items() if all(d is not None for d in v)}
+    partial: dict[str, tuple[int | None, ...]] = {}  # Shape outputs with symbolic dims
     values: dict[str, np.ndarray] = {}
     for init in graph.initializer:
         if np.prod(init.dims, dtype=np.int64) <= _MAX_INPUT_ELEMENTS:
@@ -229,6 +271,13 @@ def fold_constants(model):
             else:
                 attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
                 outs = [shape[attrs.get("start", 0):attrs.get("end", None)]]
+        elif node.op_type == "Shape" and node.input[0] in inferred and \
+                node.input[0] not in values:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            partial[node.output[0]] = \
+                inferred[node.input[0]][attrs.get("start", 0):attrs.get("end", None)]
+        elif node.op_type in ("Gather", "Slice") and node.input[0] in partial:
+            outs = _static_dims_read(node, partial, values)
         elif node.op_type not in _NO_FOLD and node.domain in ("", "ai.onnx") and \
                 not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                         for a in node.attribute) and \

@@ -183,8 +183,78 @@ def reshape(bb, inputs, attr, params, opset):
     if target is None and not isinstance(inputs[1], relax.ShapeExpr) and \
             isinstance(target_ty, relax.TensorType):
         return _runtime_reshape(bb, data, inputs[1], attr.get("allowzero", 0))
+    dims = _symbolic_reshape_dims(data, static_dims(inputs[1]), attr.get("allowzero", 0))
+    if dims is not None:
+        return relax.op.reshape(data, relax.ShapeExpr(dims))
     return tvm_converter("Reshape", opset)(
         bb, [data, *inputs[1:]], attr, params)
+
+
+def _factors(dims):
+    """The product of `dims` as (constant part, symbolic factors), Mul trees split."""
+    from tvm import tirx
+    from tvm.sym.analyzer import Analyzer
+
+    analyzer = Analyzer()
+    const, factors = 1, []
+    stack = [analyzer.simplify(d) for d in dims]
+    while stack:
+        d = stack.pop()
+        if isinstance(d, tirx.IntImm):
+            const *= int(d.value)
+        elif isinstance(d, tirx.Mul):
+            stack += [d.a, d.b]
+        else:
+            factors.append(d)
+    return const, factors
+
+
+def _symbolic_reshape_dims(data, target, allowzero: int):
+    """The dims of a Reshape with a -1 on a symbolically shaped tensor, the -1 found by
+    cancelling the known dims' factors out of the input's, else None (TVM's reading applies).
+
+    Relax infers a -1 as `prod(input dims) // prod(known dims)`, which the arithmetic
+    simplifier cannot cancel for symbolic dims: the attention heads' `view(-1, past + seq, 16)`
+    of a (batch, 4, past + seq, 16) tensor got the dim `batch * (past + seq) * 64 // (past * 16
+    + seq * 16)` instead of `batch * 4`. Such a dim cannot be matched against the other
+    operands of the matmul that follows, and its floor division by a divisor of unknown sign
+    lowers to a let-bound `rmod` that LLVM code generation refuses to bind twice.
+    """
+    import tvm_ffi
+    from tvm import relax, tirx
+
+    ty = getattr(data, "ty", None)
+    if target is None or not isinstance(ty, relax.TensorType) \
+            or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    in_dims = list(ty.shape.values)
+    if all(isinstance(d, tirx.IntImm) for d in in_dims):
+        return None
+    dims = []
+    for k, d in enumerate(target):
+        if isinstance(d, tirx.IntImm) and d.value == 0 and not allowzero:
+            if k >= len(in_dims):
+                return None
+            d = in_dims[k]
+        dims.append(d)
+    holes = [k for k, d in enumerate(dims) if isinstance(d, tirx.IntImm) and d.value == -1]
+    if len(holes) != 1:
+        return None
+    total_c, total = _factors(in_dims)
+    known_c, known = _factors([d for k, d in enumerate(dims) if k != holes[0]])
+    if known_c <= 0 or total_c % known_c:
+        return None
+    for f in known:
+        hit = next((i for i, g in enumerate(total) if tvm_ffi.structural_equal(f, g)), None)
+        if hit is None:
+            return None
+        total.pop(hit)
+    inferred = tirx.IntImm("int64", total_c // known_c)
+    for f in total:
+        inferred = inferred * f if not (isinstance(inferred, tirx.IntImm)
+                                        and inferred.value == 1) else f
+    dims[holes[0]] = inferred
+    return dims
 
 
 @register("Gather")

@@ -1,0 +1,79 @@
+"""Static dims read out of a shape whose other dims are symbolic (`Shape(x)[2]` of a (batch,
+C, 8, 8) map) fold before import, so arithmetic on them (MobileViT's `ceil(h / p) * p`, as
+the TorchScript exporter writes it) gives a reshape constant dims, and the LayerNorm and
+MatMul over the static width that follow keep their shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto as TP, helper, numpy_helper
+
+from tests.harness import check_against_reference
+
+
+def _unfold_model():
+    c = helper.make_tensor
+    rng = np.random.default_rng(1)
+    f32 = lambda a, n: numpy_helper.from_array(a.astype(np.float32), n)  # noqa: E731
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "two"], ["h"], axis=0),
+        helper.make_node("Cast", ["h"], ["hf"], to=TP.FLOAT),
+        helper.make_node("Div", ["hf", "patch"], ["q"]),
+        helper.make_node("Ceil", ["q"], ["qc"]),
+        helper.make_node("Mul", ["qc", "patch"], ["w"]),
+        helper.make_node("Cast", ["w"], ["wi"], to=TP.INT64),
+        helper.make_node("Unsqueeze", ["wi", "ax"], ["w1"]),
+        helper.make_node("Concat", ["minus_one", "w1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["rows"]),
+        helper.make_node("LayerNormalization", ["rows", "gamma", "beta"], ["n"], axis=-1),
+        helper.make_node("MatMul", ["n", "wm"], ["y"]),
+    ]
+    inits = [c("two", TP.INT64, [], [2]), c("patch", TP.FLOAT, [], [2.0]),
+             c("ax", TP.INT64, [1], [0]), c("minus_one", TP.INT64, [1], [-1]),
+             f32(rng.standard_normal(8), "gamma"), f32(rng.standard_normal(8), "beta"),
+             f32(rng.standard_normal((8, 3)), "wm")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, ["rows", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_static_dim_of_a_symbolic_shape_folds():
+    from tvmopt.frontend.onnx_ops.preprocess import fold_constants
+
+    ops = [n.op_type for n in fold_constants(_unfold_model()).graph.node]
+    assert "Ceil" not in ops and "Gather" not in ops, ops
+    assert "Shape" not in ops  # nothing reads the symbolic shape any more
+
+
+def test_unfold_reshape_then_layer_norm_runs():
+    rng = np.random.default_rng(0)
+    for batch in (1, 3):
+        check_against_reference(_unfold_model(), {
+            "x": rng.standard_normal((batch, 4, 8, 8)).astype(np.float32)}, rtol=1e-4,
+            atol=1e-5)
+
+
+def test_slice_of_static_dims_folds_and_of_a_symbolic_dim_does_not():
+    from onnx import numpy_helper as nh
+
+    from tvmopt.frontend.onnx_ops.preprocess import fold_constants
+
+    c = helper.make_tensor
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "two", "four"], ["hw"]),
+             helper.make_node("Slice", ["s", "zero", "two"], ["bc"])]
+    inits = [c("two", TP.INT64, [1], [2]), c("four", TP.INT64, [1], [4]),
+             c("zero", TP.INT64, [1], [0])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", 4, 8, 6])],
+        [helper.make_tensor_value_info("hw", TP.INT64, [2]),
+         helper.make_tensor_value_info("bc", TP.INT64, [2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    folded = {n.output[0]: n for n in fold_constants(model).graph.node}
+    assert folded["hw"].op_type == "Constant"
+    assert nh.to_array(folded["hw"].attribute[0].t).tolist() == [8, 6]
+    assert folded["bc"].op_type == "Slice"  # batch is symbolic
