@@ -460,29 +460,32 @@ def _matmul_patterns():
     return pats
 
 
+def _scores(trans: bool, scale: str | None, name: str):
+    """matmul(a, b) [b a transpose of its last two axes] [scaled by a constant]: the start of
+    the bmm and attention patterns; (pattern, annotations, composite name)."""
+    b = is_op("relax.permute_dims")(wildcard()) if trans else wildcard()
+    mm = is_op("relax.matmul")(wildcard(), b)
+    ann = {"matmul": mm}
+    if trans:
+        ann["transpose"] = b
+        name += "_tb" if name == "bmm" else "_tk"
+    x = mm
+    if scale:
+        x = is_op(scale)(mm, is_const())
+        ann["scale"] = x
+        name += "_scale"
+    return x, ann, name
+
+
 def _bmm_patterns():
     """A matmul of two activations (attention's scores q.k^T and weighted sum p.v), its b
     optionally a transpose of the last two axes (read through strides) and its output optionally
     scaled by a constant."""
-    pats = []
     # Longest first: the first pattern that matches takes the matmul, so a scale-less one
     # listed before would leave the scale as a kernel of its own.
-    for trans in (True, False):
-        for scale in ("relax.divide", "relax.multiply", None):
-            b = is_op("relax.permute_dims")(wildcard()) if trans else wildcard()
-            mm = is_op("relax.matmul")(wildcard(), b)
-            ann = {"matmul": mm}
-            name = "bmm"
-            if trans:
-                ann["transpose"] = b
-                name += "_tb"
-            x = mm
-            if scale:
-                x = is_op(scale)(mm, is_const())
-                ann["scale"] = x
-                name += "_scale"
-            pats.append((_PREFIX + name, x, ann))
-    return pats
+    return [(_PREFIX + name, x, ann)
+            for trans in (True, False) for scale in ("relax.divide", "relax.multiply", None)
+            for x, ann, name in [_scores(trans, scale, "bmm")]]
 
 
 def _attention_patterns():
@@ -495,18 +498,7 @@ def _attention_patterns():
     for trans in (True, False):
         for scale in ("relax.divide", "relax.multiply", None):
             for mask in ("fill_true", "fill_false", "add", None):
-                k = is_op("relax.permute_dims")(wildcard()) if trans else wildcard()
-                mm = is_op("relax.matmul")(wildcard(), k)
-                ann = {"matmul": mm}
-                name = "attention"
-                if trans:
-                    ann["transpose"] = k
-                    name += "_tk"
-                x = mm
-                if scale:
-                    x = is_op(scale)(mm, is_const())
-                    ann["scale"] = x
-                    name += "_scale"
+                x, ann, name = _scores(trans, scale, "attention")
                 if mask == "fill_true":  # where(mask, fill, scores)
                     x = is_op("relax.where")(wildcard(), is_const(), x)
                 elif mask == "fill_false":  # where(mask, scores, fill)
