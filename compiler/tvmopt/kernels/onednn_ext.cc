@@ -1195,7 +1195,6 @@ AttnSteps MakeAttnSteps(const dnnl::engine& eng, int64_t rows, int64_t N, int64_
 struct MaskView {
   const char* data = nullptr;
   int mode = kMaskNone;
-  bool is_float = false;
   float fill = 0.f;
   std::vector<int64_t> b_off;
   int64_t row_stride = 0, col_stride = 0;
@@ -1224,9 +1223,8 @@ MaskView MakeMaskView(const TensorView& mask, int mode, float fill,
   MaskView mv;
   mv.mode = mode;
   mv.fill = fill;
-  mv.is_float = mode == kMaskAdd;
   auto dtype = mask.dtype();
-  if (mv.is_float) {
+  if (mode == kMaskAdd) {
     TVM_FFI_ICHECK(dtype.code == kDLFloat && dtype.bits == 32 && dtype.lanes == 1)
         << "an additive attention mask must be float32";
   } else {
