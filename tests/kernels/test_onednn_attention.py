@@ -102,6 +102,19 @@ def test_long_attention_in_bf16():
                                                                      od.BMM_FUNC: 0}
 
 
+def test_long_cross_attention_in_bf16_with_a_pretransposed_key():
+    from tvmopt.kernels.dispatch import host_has_bf16
+
+    if not host_has_bf16():
+        pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
+    # 2000 keys: the scores of a block are computed in several panels of k's columns, here
+    # read from a (b, d, n) key at column offsets rather than row offsets
+    m, feeds = attention([3, 300, 32], [3, 32, 2000], [3, 2000, 48], transpose=False,
+                         scale_op="Mul", scale=0.125)
+    assert build_and_check(m, feeds, compute="bf16", tol=2e-2) == {od.ATTN_FUNC: 1,
+                                                                     od.BMM_FUNC: 0}
+
+
 def test_short_attention_is_one_call_too():
     m, feeds = attention([2, 4, 7, 16], [2, 4, 7, 16], [2, 4, 7, 16])
     assert build_and_check(m, feeds) == {od.ATTN_FUNC: 1, od.BMM_FUNC: 0}
@@ -180,11 +193,12 @@ def test_masked_attention_is_one_call(mask):
     assert build_and_check(m, feeds) == {od.ATTN_FUNC: 1, od.BMM_FUNC: 0}
 
 
-def test_causal_attention_in_bf16():
+@pytest.mark.parametrize("length", [257, 700])  # one panel of scores; two, the mask over both
+def test_causal_attention_in_bf16(length):
     from tvmopt.kernels.dispatch import host_has_bf16
 
     if not host_has_bf16():
         pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
-    m, feeds = masked_attention(1, 2, 257, 64, "causal")
+    m, feeds = masked_attention(1, 2, length, 64, "causal")
     assert build_and_check(m, feeds, compute="bf16", tol=2e-2) == {od.ATTN_FUNC: 1,
                                                                      od.BMM_FUNC: 0}

@@ -1138,10 +1138,27 @@ enum AttnMask { kMaskNone = 0, kMaskFillTrue = 1, kMaskFillFalse = 2, kMaskAdd =
 // core's L2, leaving room for the block's rows of q and out and a panel of k and v.
 constexpr int64_t kAttnBlockBytes = int64_t{1} << 20;
 
+// The scores of a block are computed in panels of at most this many columns of k. For a
+// bf16 matmul with a short reduction (attention's head dim) and a wide output, oneDNN's
+// dispatch leaves AMX for its AVX512-BF16 kernel once the output is wider than this, which
+// runs at a seventh of AMX's rate (and at half of the fp32 kernel's); panels keep it on AMX.
+// A panel is written whole and copied into its columns of the scores: written in place
+// through the scores' row stride, the matmul leaves AMX too.
+constexpr int64_t kAttnPanelCols = 512;
+
+struct AttnPanel {
+  int64_t col0 = 0;      // first column of the scores (row of k) this panel computes
+  dnnl::matmul qk;
+  dnnl::reorder place;   // panel -> its columns of the scores (with more than one panel)
+  memory::desc k_md, out_md, cols_md;
+};
+
 struct AttnSteps {
-  dnnl::matmul qk, pv;
+  std::vector<AttnPanel> panels;  // the scores' columns, left to right
+  int64_t panel_cols = 0;         // widest panel (0: one panel, written in place)
+  dnnl::matmul pv;
   dnnl::softmax_forward softmax;
-  memory::desc q_md, k_md, s_md, p_md, v_md, o_md;  // one block's operands
+  memory::desc q_md, s_md, p_md, v_md, o_md;  // one block's operands
   size_t pad_bytes = 0;
 };
 
@@ -1155,7 +1172,7 @@ struct AttnEntry {
   size_t pad_bytes = 0;  // the largest scratchpad of the steps
   // per thread: a stream, a block's scores and probabilities, a scratchpad
   std::vector<dnnl::stream> strms;
-  std::vector<memory> scores, probs, pads;
+  std::vector<memory> scores, probs, pads, panels;
 };
 
 std::unordered_map<std::string, std::shared_ptr<AttnEntry>> g_attn_cache;
@@ -1165,7 +1182,6 @@ AttnSteps MakeAttnSteps(const dnnl::engine& eng, int64_t rows, int64_t N, int64_
   AttnSteps s;
   // A block's rows of q and out lie in the whole tensors, one row after the other.
   s.q_md = memory::desc({rows, D}, cdt, tag::ab);
-  s.k_md = memory::desc({D, N}, cdt, trans_k ? memory::dims{1, D} : memory::dims{N, 1});
   s.s_md = memory::desc({rows, N}, dt::f32, tag::ab);
   s.p_md = memory::desc({rows, N}, cdt, tag::ab);
   s.v_md = memory::desc({N, Dv}, cdt, tag::ab);
@@ -1177,14 +1193,32 @@ AttnSteps MakeAttnSteps(const dnnl::engine& eng, int64_t rows, int64_t N, int64_
   attr.set_post_ops(po);
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   plain.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  auto qk = dnnl::matmul::primitive_desc(eng, s.q_md, s.k_md, s.s_md, attr);
+  // fp32 runs at one rate at any width: one panel. Otherwise equal panels of whole vectors.
+  int64_t npanels = cdt == dt::f32 ? 1 : (N + kAttnPanelCols - 1) / kAttnPanelCols;
+  int64_t width = (N + npanels - 1) / npanels;
+  if (npanels > 1) width = (width + 15) / 16 * 16;
+  size_t pad = 0;
+  for (int64_t c0 = 0; c0 < N; c0 += width) {
+    AttnPanel p;
+    p.col0 = c0;
+    int64_t w = std::min(width, N - c0);
+    p.k_md = memory::desc({D, w}, cdt, trans_k ? memory::dims{1, D} : memory::dims{N, 1});
+    p.out_md = memory::desc({rows, w}, dt::f32, tag::ab);
+    auto qk = dnnl::matmul::primitive_desc(eng, s.q_md, p.k_md, p.out_md, attr);
+    pad = std::max(pad, qk.scratchpad_desc().get_size());
+    p.qk = dnnl::matmul(qk);
+    if (npanels > 1) {
+      p.cols_md = memory::desc({rows, w}, dt::f32, memory::dims{N, 1});
+      p.place = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p.out_md, eng, p.cols_md));
+      s.panel_cols = width;
+    }
+    s.panels.push_back(std::move(p));
+  }
   auto sm = dnnl::softmax_forward::primitive_desc(
       eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate, s.s_md,
       s.p_md, 1, plain);
   auto pv = dnnl::matmul::primitive_desc(eng, s.p_md, s.v_md, s.o_md, plain);
-  s.pad_bytes = std::max({qk.scratchpad_desc().get_size(), sm.scratchpad_desc().get_size(),
-                          pv.scratchpad_desc().get_size()});
-  s.qk = dnnl::matmul(qk);
+  s.pad_bytes = std::max({pad, sm.scratchpad_desc().get_size(), pv.scratchpad_desc().get_size()});
   s.softmax = dnnl::softmax_forward(sm);
   s.pv = dnnl::matmul(pv);
   return s;
@@ -1369,6 +1403,8 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
                                          : memory({{e->rows, N}, e->cdt, tag::ab}, rt.eng));
     e->pads.emplace_back(memory({{static_cast<int64_t>(std::max<size_t>(e->pad_bytes, 1))},
                                  dt::u8, tag::a}, rt.eng));
+    e->panels.emplace_back(memory({{e->rows, std::max<int64_t>(e->full.panel_cols, 1)},
+                                   dt::f32, tag::ab}, rt.eng));
   }
   auto work = [&](int ithr, int64_t unit) {
     int64_t b = unit / blocks, r0 = unit % blocks * e->rows;
@@ -1376,16 +1412,28 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
     dnnl::stream& strm = e->strms[ithr];
     memory& pad = e->pads[ithr];
     memory qm(st.q_md, rt.eng, q + ((b * M + r0) * D) * cs);
-    memory km(st.k_md, rt.eng, k + (b * N * D) * cs);
     memory vm(st.v_md, rt.eng, v + (b * N * Dv) * cs);
     memory om(st.o_md, rt.eng, o + ((b * M + r0) * Dv) * os);
     memory sm(st.s_md, rt.eng, e->scores[ithr].get_data_handle());
     memory pm(st.p_md, rt.eng, e->probs[ithr].get_data_handle());
-    st.qk.execute(strm, {{DNNL_ARG_SRC, qm}, {DNNL_ARG_WEIGHTS, km}, {DNNL_ARG_DST, sm},
-                         {DNNL_ARG_SCRATCHPAD, pad}});
+    float* scores = static_cast<float*>(e->scores[ithr].get_data_handle());
+    for (const AttnPanel& p : st.panels) {
+      // Column col0 of the scores is row col0 of k: (col0, 0) read transposed, else (0, col0).
+      memory km(p.k_md, rt.eng, k + (b * N * D + p.col0 * (trans_k ? D : 1)) * cs);
+      if (!st.panel_cols) {
+        p.qk.execute(strm, {{DNNL_ARG_SRC, qm}, {DNNL_ARG_WEIGHTS, km}, {DNNL_ARG_DST, sm},
+                            {DNNL_ARG_SCRATCHPAD, pad}});
+        continue;
+      }
+      memory panel(p.out_md, rt.eng, e->panels[ithr].get_data_handle());
+      p.qk.execute(strm, {{DNNL_ARG_SRC, qm}, {DNNL_ARG_WEIGHTS, km}, {DNNL_ARG_DST, panel},
+                          {DNNL_ARG_SCRATCHPAD, pad}});
+      memory placed(p.cols_md, rt.eng, scores + p.col0);
+      p.place.execute(strm, panel, placed);
+    }
     if (mask.mode != kMaskNone) {
       strm.wait();
-      mask.Apply(static_cast<float*>(e->scores[ithr].get_data_handle()), b, r0,
+      mask.Apply(scores, b, r0,
                  std::min(e->rows, M - r0), N);
     }
     st.softmax.execute(strm, {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, pm},
