@@ -52,9 +52,10 @@ def attention(q_shape, k_shape, v_shape, transpose=True, scale_op="Div", scale=8
     return m, feeds
 
 
-def build_and_check(m, feeds, compute="fp32", tol=1e-4):
-    """Library dispatch in `compute`: {packed func: count}, after checking the output against
-    onnxruntime's twice (the second run reuses the cached primitives)."""
+def build_and_check(m, feeds, compute="fp32", tol=1e-4, also=()):
+    """Library dispatch in `compute`: {packed func (and each text in `also`): count}, after
+    checking the output against onnxruntime's twice (the second run reuses the cached
+    primitives)."""
     import tvm
     from tvm import relax
 
@@ -67,6 +68,7 @@ def build_and_check(m, feeds, compute="fp32", tol=1e-4):
     mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
     text = mod.script(show_meta=False)
     calls = {f: text.count(f'R.call_dps_packed("{f}"') for f in (od.ATTN_FUNC, od.BMM_FUNC)}
+    calls.update({t: text.count(t) for t in also})
     vm = relax.VirtualMachine(pipeline.build(mod, target, cfg=cfg, start_after="dispatch"),
                               tvm.cpu())
     ref = ort.InferenceSession(m.SerializeToString(),
@@ -113,6 +115,54 @@ def test_long_cross_attention_in_bf16_with_a_pretransposed_key():
                          scale_op="Mul", scale=0.125)
     assert build_and_check(m, feeds, compute="bf16", tol=2e-2) == {od.ATTN_FUNC: 1,
                                                                      od.BMM_FUNC: 0}
+
+
+def heads_attention(batch, seq, heads, d, causal=False):
+    """A transformer's self-attention from (b, s, h*d) projections: the head split (reshape +
+    transpose to (b, h, s, d); k straight to (b, h, d, s)), attention, and the head merge."""
+    hd = heads * d
+    nodes = [helper.make_node("Reshape", [x, "split_shape"], [x + "4"]) for x in "qkv"]
+    nodes += [helper.make_node("Transpose", ["q4"], ["qh"], perm=[0, 2, 1, 3]),
+              helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+              helper.make_node("Transpose", ["v4"], ["vh"], perm=[0, 2, 1, 3]),
+              helper.make_node("MatMul", ["qh", "kt"], ["s"]),
+              helper.make_node("Mul", ["s", "scale"], ["sd"])]
+    scores = "sd"
+    inits = [numpy_helper.from_array(np.array([0, 0, heads, d], np.int64), "split_shape"),
+             numpy_helper.from_array(np.array([0, 0, hd], np.int64), "merge_shape"),
+             numpy_helper.from_array(np.array(d ** -0.5, np.float32), "scale")]
+    if causal:
+        mask = np.triu(np.full((seq, seq), -1e4, np.float32), 1)
+        inits.append(numpy_helper.from_array(mask, "mask"))
+        nodes.append(helper.make_node("Add", ["sd", "mask"], ["sm"]))
+        scores = "sm"
+    nodes += [helper.make_node("Softmax", [scores], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vh"], ["y4"]),
+              helper.make_node("Transpose", ["y4"], ["ys"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ys", "merge_shape"], ["y"])]
+    g = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [batch, seq, hd]) for x in "qkv"],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m, {x: rand(batch, seq, hd) for x in "qkv"}
+
+
+# short sequences read the strided rows in place; long ones copy each head's rows dense
+@pytest.mark.parametrize("compute,seq,causal", [("fp32", 40, False), ("fp32", 300, True),
+                                                ("fp32", 1030, True), ("bf16", 600, False),
+                                                ("bf16", 70, True)])
+def test_head_split_and_merge_are_read_and_written_through_strides(compute, seq, causal):
+    from tvmopt.kernels.dispatch import host_has_bf16
+
+    if compute == "bf16" and not host_has_bf16():
+        pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
+    m, feeds = heads_attention(2, seq, 3, 32, causal)
+    calls = build_and_check(m, feeds, compute=compute, tol=1e-4 if compute == "fp32" else 2e-2,
+                            also=("R.permute_dims",))
+    # no transpose kernel is left: the call reads (b, s, h, d) and writes it
+    assert calls == {od.ATTN_FUNC: 1, od.BMM_FUNC: 0, "R.permute_dims": 0}
 
 
 def test_short_attention_is_one_call_too():

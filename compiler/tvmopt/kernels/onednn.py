@@ -48,6 +48,8 @@ QCONV_FUNC = "tvmopt.onednn.qconv2d"
 QMATMUL_FUNC = "tvmopt.onednn.qmatmul"
 BMM_FUNC = "tvmopt.onednn.batch_matmul"
 ATTN_FUNC = "tvmopt.onednn.attention"
+# attention's layout attr: a bit per tensor given (batch, seq, heads, d), not (batch, heads, ...)
+ATTN_SEQ_MAJOR_Q, ATTN_SEQ_MAJOR_K, ATTN_SEQ_MAJOR_V, ATTN_SEQ_MAJOR_OUT = 1, 2, 4, 8
 _PREFIX = "tvmopt_onednn."
 _SOURCE = Path(__file__).with_name("onednn_ext.cc")  # shipped inside the package
 
@@ -1538,11 +1540,33 @@ class _Lower(relax.PyExprMutator):
             elif name == "relax.add":
                 a, b = val.args
                 mask, mode = self._resolve(env, b if a.same_as(scores) else a), 3
-        attrs = relax.ShapeExpr([trans, _f32_bits(scale), compute, mode, _f32_bits(fill)])
+        # The head split of a transformer, (b, s, h, d) -> (b, h, s, d), is read through the
+        # row stride instead of run as a transpose kernel (k's (b, h, d, s) read transposed).
+        layout = 0
+        if (x := self._head_split(q, (0, 2, 1, 3))) is not None:
+            q, layout = x, layout | ATTN_SEQ_MAJOR_Q
+        if (x := self._head_split(k, (0, 2, 1, 3) if trans else (0, 2, 3, 1))) is not None:
+            k, trans, layout = x, 1, layout | ATTN_SEQ_MAJOR_K
+        if (x := self._head_split(v, (0, 2, 1, 3))) is not None:
+            v, layout = x, layout | ATTN_SEQ_MAJOR_V
+        attrs = relax.ShapeExpr([trans, _f32_bits(scale), compute, mode, _f32_bits(fill),
+                                 layout])
         args = [self._bf16(q, compute), self._bf16(k, compute), self._bf16(v, compute)]
         if mask is not None:
             args.append(mask)
         return relax.call_dps_packed(ATTN_FUNC, [*args, attrs], call.ty)
+
+    def _head_split(self, x, axes):
+        """The (b, s, h, d) tensor that rank-4 `x` is a permute_dims by `axes` of, else None."""
+        if not isinstance(x, relax.Var):
+            return None
+        bound = self.lookup_binding(x)
+        if not (isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op)
+                and bound.op.name == "relax.permute_dims"
+                and getattr(bound.args[0].ty, "ndim", None) == 4 and bound.attrs.axes is not None
+                and tuple(int(a) for a in bound.attrs.axes) == axes):
+            return None
+        return bound.args[0]
 
 
 _BF16_OUT_FUNCS = (CONV_FUNC, MATMUL_FUNC, BMM_FUNC, ATTN_FUNC)
@@ -1584,12 +1608,67 @@ class _Bf16Outputs(relax.PyExprMutator):
 
 
 def _compute_of(call) -> int | None:
-    """The compute precision entry (the last attr) of a conv2d / matmul / batch_matmul call."""
+    """The compute precision entry of a library call's attrs: attention's third, the last of a
+    conv2d / matmul / batch_matmul."""
     attrs = call.args[1].fields[-1]
     if not isinstance(attrs, relax.ShapeExpr) or not attrs.values:
         return None
-    last = attrs.values[-1]
-    return int(last.value) if isinstance(last, tvm.tirx.IntImm) else None
+    entry = attrs.values[2 if str(call.args[0].global_symbol) == ATTN_FUNC else -1]
+    return int(entry.value) if isinstance(entry, tvm.tirx.IntImm) else None
+
+
+@relax.expr_functor.mutator
+class _MergeHeads(relax.PyExprMutator):
+    """An attention call read only by the head merge (b, h, s, d) -> (b, s, h, d) writes the
+    merged layout itself: the call takes the permute_dims' place and var."""
+
+    def __init__(self, mod, merges):
+        super().__init__(mod)
+        self.merges = merges  # permute_dims var -> (attention var, its call)
+        self.skip = {a for a, _ in merges.values()}
+
+    def visit_var_binding_(self, binding):
+        if binding.var in self.skip:
+            return  # emitted where its permute_dims was
+        if binding.var not in self.merges:
+            super().visit_var_binding_(binding)
+            return
+        call = self.merges[binding.var][1]
+        attrs = [int(v) for v in call.args[1].fields[-1].values]
+        attrs[5] |= ATTN_SEQ_MAJOR_OUT
+        args = [self.visit_expr(a) for a in call.args[1].fields[:-1]]
+        merged = self.builder_.normalize(relax.call_dps_packed(
+            ATTN_FUNC, [*args, relax.ShapeExpr(attrs)], binding.var.ty))
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, merged))
+
+
+def _merge_heads(mod: tvm.IRModule) -> tvm.IRModule:
+    """Fold the head-merge transpose after each attention call into the call (_MergeHeads)."""
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        attn, perms = {}, {}  # attention var -> call; -> the head-merge vars reading it
+        for block in func.body.blocks:
+            for b in block.bindings:
+                v = b.value
+                if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)):
+                    continue
+                if (v.op.name == "relax.call_dps_packed"
+                        and str(v.args[0].global_symbol) == ATTN_FUNC
+                        and len(v.args[1].fields[-1].values) == 6):
+                    attn[b.var] = v
+                elif (v.op.name == "relax.permute_dims" and v.args[0] in attn
+                      and v.attrs.axes is not None
+                      and tuple(int(a) for a in v.attrs.axes) == (0, 2, 1, 3)):
+                    perms.setdefault(v.args[0], []).append(b.var)
+        uses = _use_counts(func)
+        body = func.body.body
+        merges = {ps[0]: (a, attn[a]) for a, ps in perms.items()
+                  if len(ps) == 1 and uses.get(a) == 1
+                  and not (isinstance(body, relax.Var) and body.same_as(a))}
+        if merges:
+            mod[gv] = _MergeHeads(mod, merges).visit_expr(func)
+    return mod
 
 
 def _bf16_outputs(mod: tvm.IRModule) -> tvm.IRModule:
@@ -1812,7 +1891,7 @@ def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO,
                 func = func.inline_functions(back)
             lowered.uses = _use_counts(func)
             mod[gv] = lowered.visit_expr(func)
-    mod = _bf16_outputs(mod)
+    mod = _bf16_outputs(_merge_heads(mod))
     if back:
         # Inlining binds each composite parameter to its argument (`param_2 = R.const(0.0)`):
         # propagated back into the ops, a kernel left to codegen is the very function the

@@ -1127,11 +1127,17 @@ void BatchMatmul(PackedArgs args, tvm::ffi::Any* rv) {
 //
 // q: (..., M, D); k: (..., N, D) read transposed (kATransK), or (..., D, N); v: (..., N, Dv);
 // out: (..., M, Dv); batch dims equal. Types per tensor (fp32 or bf16), as for batch_matmul.
+// kALayout: a bit per tensor (kSeqMajor*) given as (batch, seq, heads, d) rather than
+// (batch, heads, seq, d): the head split / merge transposes of a transformer. A thread copies
+// the rows of one head it works on into a buffer of its own (oneDNN's AMX matmul takes only
+// dense rows) and the block's output rows back: in cache, instead of a transpose kernel and a
+// tensor each way. Such a k is read transposed.
 
 // kAMask: 0 none; 1 / 2: scores set to the kAFillBits value where a boolean mask (the input
 // after v) is true / false (a where() between the scores and the softmax); 3: a float mask
 // added to the scores (an additive attention bias). The mask broadcasts to the scores.
-enum AttnAttr { kATransK, kAScaleBits, kACompute, kAMask, kAFillBits, kANumAttrs };
+enum AttnAttr { kATransK, kAScaleBits, kACompute, kAMask, kAFillBits, kALayout, kANumAttrs };
+enum AttnLayout { kSeqMajorQ = 1, kSeqMajorK = 2, kSeqMajorV = 4, kSeqMajorOut = 8 };
 enum AttnMask { kMaskNone = 0, kMaskFillTrue = 1, kMaskFillFalse = 2, kMaskAdd = 3 };
 
 // Scores and probabilities of one block stay within this many bytes: half a Sapphire Rapids
@@ -1156,6 +1162,8 @@ struct AttnPanel {
 struct AttnSteps {
   std::vector<AttnPanel> panels;  // the scores' columns, left to right
   int64_t panel_cols = 0;         // widest panel (0: one panel, written in place)
+  dnnl::reorder q_in, o_out;      // a sequence-major block's rows of q in; of out back
+  memory::desc q_user_md, o_user_md;
   dnnl::matmul pv;
   dnnl::softmax_forward softmax;
   memory::desc q_md, s_md, p_md, v_md, o_md;  // one block's operands
@@ -1165,27 +1173,61 @@ struct AttnSteps {
 struct AttnEntry {
   int64_t rows = 0, tail = 0;  // rows per block; rows of the last, shorter block (0: none)
   AttnSteps full, last;
+  dnnl::reorder k_in, v_in;    // a sequence-major head's k, v into a thread's buffers
+  memory::desc k_user_md, v_user_md, k_md, v_md;
   memory::desc user_q_md, user_k_md, user_v_md;  // the whole tensors as given
   bool convert_q = false, convert_k = false, convert_v = false;
   memory q_buf, k_buf, v_buf;
   dt cdt = dt::f32;
+  int copies = 0;        // the sequence-major tensors copied to / from dense rows
   size_t pad_bytes = 0;  // the largest scratchpad of the steps
   // per thread: a stream, a block's scores and probabilities, a scratchpad
   std::vector<dnnl::stream> strms;
   std::vector<memory> scores, probs, pads, panels;
+  // per thread, for sequence-major operands: dense copies, and the head whose k, v they hold
+  std::vector<memory> qs, ks, vs, os;
+  std::vector<int64_t> kv_of;
 };
 
 std::unordered_map<std::string, std::shared_ptr<AttnEntry>> g_attn_cache;
 
+// Row strides (elements) of one (batch, head) matrix of q, k, v and out in the whole tensors.
+struct AttnStrides {
+  int64_t q, k, v, o;
+};
+
+// Which sequence-major tensors a call copies to dense rows rather than reads in place. In
+// place, oneDNN's matmul takes its plain gemm kernel for the strided rows instead of brgemm:
+// faster for short sequences, where the copies cost more than they save, but off AMX in bf16
+// and slower in fp32 for long ones. The crossovers are in scores per head (queries x keys),
+// timed on Sapphire Rapids: about 256 x 256 in bf16, 1024 x 1024 in fp32.
+constexpr int64_t kAttnCopyScoresBF16 = int64_t{256} * 256;
+constexpr int64_t kAttnCopyScoresF32 = int64_t{1024} * 1024;
+
+int AttnCopies(int layout, int64_t M, int64_t N, dt cdt) {
+  int64_t at_least = cdt == dt::f32 ? kAttnCopyScoresF32 : kAttnCopyScoresBF16;
+  return M * N >= at_least ? layout : 0;
+}
+
+// ld: the row strides of the tensors as given; in: as the steps read and write them (those
+// of the tensors `copies` names are dense: copied from / to their rows ld apart).
 AttnSteps MakeAttnSteps(const dnnl::engine& eng, int64_t rows, int64_t N, int64_t D,
-                        int64_t Dv, bool trans_k, dt cdt, dt out_t, float scale) {
+                        int64_t Dv, bool trans_k, dt cdt, dt out_t, float scale,
+                        const AttnStrides& ld, const AttnStrides& in, int copies) {
   AttnSteps s;
-  // A block's rows of q and out lie in the whole tensors, one row after the other.
-  s.q_md = memory::desc({rows, D}, cdt, tag::ab);
+  s.q_md = memory::desc({rows, D}, cdt, memory::dims{in.q, 1});
   s.s_md = memory::desc({rows, N}, dt::f32, tag::ab);
   s.p_md = memory::desc({rows, N}, cdt, tag::ab);
-  s.v_md = memory::desc({N, Dv}, cdt, tag::ab);
-  s.o_md = memory::desc({rows, Dv}, out_t, tag::ab);
+  s.v_md = memory::desc({N, Dv}, cdt, memory::dims{in.v, 1});
+  s.o_md = memory::desc({rows, Dv}, out_t, memory::dims{in.o, 1});
+  s.q_user_md = memory::desc({rows, D}, cdt, memory::dims{ld.q, 1});
+  s.o_user_md = memory::desc({rows, Dv}, out_t, memory::dims{ld.o, 1});
+  if (copies & kSeqMajorQ) {
+    s.q_in = dnnl::reorder(dnnl::reorder::primitive_desc(eng, s.q_user_md, eng, s.q_md));
+  }
+  if (copies & kSeqMajorOut) {
+    s.o_out = dnnl::reorder(dnnl::reorder::primitive_desc(eng, s.o_md, eng, s.o_user_md));
+  }
   dnnl::post_ops po;
   if (scale != 1.f) po.append_eltwise(dnnl::algorithm::eltwise_linear, scale, 0.f);
   // Threads run the steps concurrently: each passes its own scratchpad.
@@ -1202,7 +1244,7 @@ AttnSteps MakeAttnSteps(const dnnl::engine& eng, int64_t rows, int64_t N, int64_
     AttnPanel p;
     p.col0 = c0;
     int64_t w = std::min(width, N - c0);
-    p.k_md = memory::desc({D, w}, cdt, trans_k ? memory::dims{1, D} : memory::dims{N, 1});
+    p.k_md = memory::desc({D, w}, cdt, trans_k ? memory::dims{1, in.k} : memory::dims{in.k, 1});
     p.out_md = memory::desc({rows, w}, dt::f32, tag::ab);
     auto qk = dnnl::matmul::primitive_desc(eng, s.q_md, p.k_md, p.out_md, attr);
     pad = std::max(pad, qk.scratchpad_desc().get_size());
@@ -1306,7 +1348,7 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
   int n = args.size();
   TVM_FFI_ICHECK(n == 5 || n == 6) << "attention(q, k, v, [mask], attrs, out)";
   std::vector<int64_t> at = ReadAttrs(args[n - 2]);
-  if (at.size() == 3) at.resize(kANumAttrs, 0);
+  if (at.size() == 3 || at.size() == 5) at.resize(kANumAttrs, 0);
   TVM_FFI_ICHECK_EQ(at.size(), static_cast<size_t>(kANumAttrs)) << "bad attention attrs";
   int mask_mode = static_cast<int>(at[kAMask]);
   TVM_FFI_ICHECK_EQ(n, 5 + (mask_mode != kMaskNone)) << "attention: mask and attrs disagree";
@@ -1318,7 +1360,17 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
   TVM_FFI_ICHECK(nd >= 2 && nd <= 4 && K.ndim() == nd && V.ndim() == nd && out.ndim() == nd)
       << "attention needs q, k, v and out of one rank in 2-4";
   bool trans_k = at[kATransK] != 0;
-  memory::dims q_dims = Dims(Q), k_dims = Dims(K), v_dims = Dims(V), o_dims = Dims(out);
+  int layout = static_cast<int>(at[kALayout]);
+  TVM_FFI_ICHECK(layout == 0 || (nd == 4 && (!(layout & kSeqMajorK) || trans_k)))
+      << "attention: sequence-major tensors need rank 4 (and k read transposed)";
+  // (batch, seq, heads, d) given -> the logical (batch, heads, seq, d)
+  auto logical = [&](const TensorView& t, int bit) {
+    memory::dims d = Dims(t);
+    if (layout & bit) std::swap(d[1], d[2]);
+    return d;
+  };
+  memory::dims q_dims = logical(Q, kSeqMajorQ), k_dims = logical(K, kSeqMajorK);
+  memory::dims v_dims = logical(V, kSeqMajorV), o_dims = logical(out, kSeqMajorOut);
   int64_t M = q_dims[nd - 2], D = q_dims[nd - 1];
   int64_t N = trans_k ? k_dims[nd - 2] : k_dims[nd - 1];
   int64_t Dk = trans_k ? k_dims[nd - 1] : k_dims[nd - 2], Dv = v_dims[nd - 1];
@@ -1342,6 +1394,17 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
                         memory::dims(q_dims.begin(), q_dims.end() - 2), M, N);
   }
 
+  // Heads of a sequence-major tensor are interleaved along its rows.
+  int64_t heads = nd == 4 ? q_dims[1] : 1;
+  auto row_stride = [&](int bit, int64_t cols) { return layout & bit ? heads * cols : cols; };
+  AttnStrides ld{row_stride(kSeqMajorQ, D), row_stride(kSeqMajorK, trans_k ? D : N),
+                 row_stride(kSeqMajorV, Dv), row_stride(kSeqMajorOut, Dv)};
+  // Where matrix (batch, head) `bh` of a tensor starts, in elements: `rows` x `cols` each.
+  auto start = [&](int bit, int64_t bh, int64_t rows, int64_t cols) {
+    if (!(layout & bit)) return bh * rows * cols;
+    return (bh / heads * rows * heads + bh % heads) * cols;
+  };
+
   std::lock_guard<std::mutex> lock(g_mu);
   ApplyThreads();
   Runtime& rt = GetRuntime();
@@ -1358,11 +1421,27 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
     int64_t rows = std::max<int64_t>(16, kAttnBlockBytes / per_row / 16 * 16);
     e->rows = std::min(rows, M);
     e->tail = M % e->rows;
-    e->full = MakeAttnSteps(rt.eng, e->rows, N, D, Dv, trans_k, e->cdt, out_t, scale);
+    e->copies = AttnCopies(layout, M, N, e->cdt);
+    AttnStrides in{e->copies & kSeqMajorQ ? D : ld.q, e->copies & kSeqMajorK ? D : ld.k,
+                   e->copies & kSeqMajorV ? Dv : ld.v, e->copies & kSeqMajorOut ? Dv : ld.o};
+    e->full = MakeAttnSteps(rt.eng, e->rows, N, D, Dv, trans_k, e->cdt, out_t, scale, ld, in,
+                            e->copies);
     if (e->tail) {
-      e->last = MakeAttnSteps(rt.eng, e->tail, N, D, Dv, trans_k, e->cdt, out_t, scale);
+      e->last = MakeAttnSteps(rt.eng, e->tail, N, D, Dv, trans_k, e->cdt, out_t, scale, ld, in,
+                              e->copies);
     }
     e->pad_bytes = std::max(e->full.pad_bytes, e->tail ? e->last.pad_bytes : size_t{0});
+    // A sequence-major k is (N, D) rows of one head ld.k apart (it is read transposed).
+    e->k_md = memory::desc({N, D}, e->cdt, tag::ab);
+    e->v_md = memory::desc({N, Dv}, e->cdt, tag::ab);
+    if (e->copies & kSeqMajorK) {
+      e->k_user_md = memory::desc({N, D}, e->cdt, memory::dims{ld.k, 1});
+      e->k_in = dnnl::reorder(dnnl::reorder::primitive_desc(rt.eng, e->k_user_md, rt.eng, e->k_md));
+    }
+    if (e->copies & kSeqMajorV) {
+      e->v_user_md = memory::desc({N, Dv}, e->cdt, memory::dims{ld.v, 1});
+      e->v_in = dnnl::reorder(dnnl::reorder::primitive_desc(rt.eng, e->v_user_md, rt.eng, e->v_md));
+    }
     // Operands in another type than the compute one are converted whole, once per call.
     auto flat = [&](memory::dims d, dt t) {
       return memory::desc({batch * d[nd - 2], d[nd - 1]}, t, tag::ab);
@@ -1405,21 +1484,50 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
                                  dt::u8, tag::a}, rt.eng));
     e->panels.emplace_back(memory({{e->rows, std::max<int64_t>(e->full.panel_cols, 1)},
                                    dt::f32, tag::ab}, rt.eng));
+    auto own = [&](bool seq_major, const memory::desc& md) {
+      return seq_major ? memory(md, rt.eng) : memory();
+    };
+    e->qs.push_back(own(e->copies & kSeqMajorQ, e->full.q_md));
+    e->ks.push_back(own(e->copies & kSeqMajorK, e->k_md));
+    e->vs.push_back(own(e->copies & kSeqMajorV, e->v_md));
+    e->os.push_back(own(e->copies & kSeqMajorOut, e->full.o_md));
   }
+  e->kv_of.assign(e->strms.size(), -1);  // this call's k and v are not copied yet
+  int copies = e->copies;
   auto work = [&](int ithr, int64_t unit) {
     int64_t b = unit / blocks, r0 = unit % blocks * e->rows;
     AttnSteps& st = std::min(e->rows, M - r0) == e->rows ? e->full : e->last;
     dnnl::stream& strm = e->strms[ithr];
     memory& pad = e->pads[ithr];
-    memory qm(st.q_md, rt.eng, q + ((b * M + r0) * D) * cs);
-    memory vm(st.v_md, rt.eng, v + (b * N * Dv) * cs);
-    memory om(st.o_md, rt.eng, o + ((b * M + r0) * Dv) * os);
+    memory qm(st.q_user_md, rt.eng, q + (start(kSeqMajorQ, b, M, D) + r0 * ld.q) * cs);
+    memory vm(copies & kSeqMajorV ? e->v_user_md : st.v_md, rt.eng,
+              v + start(kSeqMajorV, b, N, Dv) * cs);
+    memory om(st.o_user_md, rt.eng, o + (start(kSeqMajorOut, b, M, Dv) + r0 * ld.o) * os);
+    char* kh = k + (trans_k ? start(kSeqMajorK, b, N, D) : start(kSeqMajorK, b, D, N)) * cs;
+    if (copies & kSeqMajorQ) {
+      memory dense(st.q_md, rt.eng, e->qs[ithr].get_data_handle());
+      st.q_in.execute(strm, qm, dense);
+      qm = dense;
+    }
+    if (copies & (kSeqMajorK | kSeqMajorV) && e->kv_of[ithr] != b) {
+      // A thread's blocks follow each other within a head: its k and v are copied once.
+      if (copies & kSeqMajorK) {
+        memory user(e->k_user_md, rt.eng, kh);
+        e->k_in.execute(strm, user, e->ks[ithr]);
+      }
+      if (copies & kSeqMajorV) e->v_in.execute(strm, vm, e->vs[ithr]);
+      e->kv_of[ithr] = b;
+    }
+    if (copies & kSeqMajorK) kh = static_cast<char*>(e->ks[ithr].get_data_handle());
+    if (copies & kSeqMajorV) vm = memory(st.v_md, rt.eng, e->vs[ithr].get_data_handle());
+    memory dense_out = copies & kSeqMajorOut
+                           ? memory(st.o_md, rt.eng, e->os[ithr].get_data_handle()) : om;
     memory sm(st.s_md, rt.eng, e->scores[ithr].get_data_handle());
     memory pm(st.p_md, rt.eng, e->probs[ithr].get_data_handle());
     float* scores = static_cast<float*>(e->scores[ithr].get_data_handle());
     for (const AttnPanel& p : st.panels) {
       // Column col0 of the scores is row col0 of k: (col0, 0) read transposed, else (0, col0).
-      memory km(p.k_md, rt.eng, k + (b * N * D + p.col0 * (trans_k ? D : 1)) * cs);
+      memory km(p.k_md, rt.eng, kh + p.col0 * (trans_k ? (copies & kSeqMajorK ? D : ld.k) : 1) * cs);
       if (!st.panel_cols) {
         p.qk.execute(strm, {{DNNL_ARG_SRC, qm}, {DNNL_ARG_WEIGHTS, km}, {DNNL_ARG_DST, sm},
                             {DNNL_ARG_SCRATCHPAD, pad}});
@@ -1438,8 +1546,9 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
     }
     st.softmax.execute(strm, {{DNNL_ARG_SRC, sm}, {DNNL_ARG_DST, pm},
                               {DNNL_ARG_SCRATCHPAD, pad}});
-    st.pv.execute(strm, {{DNNL_ARG_SRC, pm}, {DNNL_ARG_WEIGHTS, vm}, {DNNL_ARG_DST, om},
+    st.pv.execute(strm, {{DNNL_ARG_SRC, pm}, {DNNL_ARG_WEIGHTS, vm}, {DNNL_ARG_DST, dense_out},
                          {DNNL_ARG_SCRATCHPAD, pad}});
+    if (copies & kSeqMajorOut) st.o_out.execute(strm, dense_out, om);
     strm.wait();
   };
   int64_t units = batch * blocks;
@@ -1451,7 +1560,8 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
     {
       int ithr = omp_get_thread_num();
       try {
-        for (int64_t u = ithr; u < units; u += nthr) work(ithr, u);
+        // Consecutive units: a thread's blocks share heads (and their copies of k and v).
+        for (int64_t u = units * ithr / nthr; u < units * (ithr + 1) / nthr; ++u) work(ithr, u);
       } catch (...) {
 #pragma omp critical
         if (!failed) failed = std::current_exception();
