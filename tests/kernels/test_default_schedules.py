@@ -488,3 +488,24 @@ def test_an_elementwise_kernel_over_a_symbolic_row_keeps_its_inner_loop():
     assert len(text) == 1
     inner = [ln for ln in text[0].splitlines() if "T.axis.spatial(n," in ln][-1]
     assert "%" not in inner and "//" not in inner, text[0]
+
+
+def test_a_transpose_to_a_short_innermost_axis_reads_rows_not_gathers():
+    """NCHW -> NHWC of a 3-channel image (every CNN's input under the NHWC layout): the rows
+    run in parallel, the 3 channels are unrolled inside the loop over a row's pixels (which
+    LLVM vectorizes on the input's unit stride), instead of one flat vector loop that gathers
+    each lane at an index computed with a division and a modulo."""
+    import tvm
+
+    from tvmopt import pipeline
+
+    model = _model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 3, 1])],
+                   [_vi("x", [1, 3, 40, 24])], [_vi("y", [1, 40, 24, 3])], [])
+    x = RNG.standard_normal((1, 3, 40, 24)).astype("float32")
+    got, scheduled = _run(model, {"x": x}, pipeline.PipelineConfig(dispatch="codegen"))
+    np.testing.assert_array_equal(got, x.transpose(0, 2, 3, 1))
+    text = [f.script() for f in scheduled.functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(text) == 1
+    assert "T.parallel(T.int64(40))" in text[0] and "T.unroll(T.int64(3))" in text[0], text[0]
+    assert "T.vectorized" not in text[0] and "//" not in text[0], text[0]

@@ -265,6 +265,26 @@ def _vectorize_tail(sch, block, lanes):
         sch.vectorize(vec)
 
 
+def _reads_permuted(sch, block) -> bool:
+    """Whether a read of `block` indexes its buffer by the block's axes in another order
+    than the write does (a transpose), rather than in the same order or a subset of it."""
+    blk = sch.get(block)
+    axes = [iv.var for iv in blk.iter_vars]
+
+    def order(region):
+        seen = []
+        for r in region:
+            seen += [i for i, v in enumerate(axes) if _uses(r.min, v) and i not in seen]
+        return seen
+
+    written = order(blk.writes[0].region)
+    for read in blk.reads:
+        got = order(read.region)
+        if [i for i in written if i in got] != got:
+            return True
+    return False
+
+
 def _parallel_vectorize(sch, block, lanes, max_inner=None):
     """Parallelise the outer loops and vectorize the innermost one of a spatial block."""
     loops = sch.get_loops(block)
@@ -292,6 +312,15 @@ def _parallel_vectorize(sch, block, lanes, max_inner=None):
         outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
         sch.parallel(outer)
         _vectorize_tail(sch, block, lanes)
+        return
+    if len(loops) > 1 and _reads_permuted(sch, block):
+        # A short innermost axis read in another order (NCHW -> NHWC of a 3-channel image):
+        # one flat vector loop would gather every lane at indices with a division and a
+        # modulo. The outer loops run in parallel, the short axis is unrolled inside the
+        # next one, which LLVM vectorizes on the read's unit stride with interleaved stores.
+        outer = sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
+        sch.parallel(outer)
+        sch.unroll(loops[-1])
         return
     # Short innermost extent: treat the whole nest as one flat loop.
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
