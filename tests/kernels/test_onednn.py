@@ -233,6 +233,13 @@ CASES = [
     ("conv_nchw_reordered_residual_relu", lambda: conv_case(
         "conv_nchw_reordered_residual_relu", residual=True, post_relu=True,
         layout=od.LAYOUT_AUTO)),
+    # a network's stem (3 input channels): oneDNN's own choice of layout would be reordered
+    # in and out, so the call takes its kernel on the caller's layout instead
+    ("conv_nhwc_stem_3ch_stride2_relu6", lambda: conv_case(
+        "conv_nhwc_stem_3ch_stride2_relu6", cin=3, cout=16, stride=2, act="relu6", nhwc=True)),
+    ("conv_nchw_stem_3ch_7x7_relu", lambda: conv_case(
+        "conv_nchw_stem_3ch_7x7_relu", cin=3, cout=16, k=7, pad=3, stride=2, act="relu",
+        layout=od.LAYOUT_AUTO)),
     ("conv_shared_intermediate", conv_shared_intermediate),
     ("gemm_transb_bias", lambda: gemm_case("gemm_transb_bias")),
     ("gemm_bias_relu", lambda: gemm_case("gemm_bias_relu", relu=True)),

@@ -459,9 +459,25 @@ std::shared_ptr<ConvEntry> CreateConv(const TensorView& data, const TensorView& 
   memory::dims strides{a[kStrideH], a[kStrideW]};
   memory::dims dil{a[kDilH] - 1, a[kDilW] - 1};
   memory::dims pad_l{a[kPadT], a[kPadL]}, pad_r{a[kPadB], a[kPadR]};
-  auto pd = dnnl::convolution_forward::primitive_desc(
-      rt.eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_any,
-      w_any, b_md, dst_any, strides, dil, pad_l, pad_r, attr);
+  auto make = [&](const memory::desc& src, const memory::desc& dst) {
+    return dnnl::convolution_forward::primitive_desc(
+        rt.eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src,
+        w_any, b_md, dst, strides, dil, pad_l, pad_r, attr);
+  };
+  auto pd = make(src_any, dst_any);
+  if (!plain && pd.dst_desc() != e->user_dst_md) {
+    // oneDNN's own choice writes a blocked layout that a reorder then turns back into the
+    // caller's: a whole extra pass over the output (and usually one over the input), which
+    // costs more than the blocked kernel saves on the convolutions that get it (few input
+    // channels: a network's stem). A JIT kernel on the caller's layout is taken instead.
+    try {
+      auto pinned = make(memory::desc(src_dims, cdt, act_tag), e->user_dst_md);
+      std::string impl = pinned.impl_info_str();
+      if (impl.rfind("jit", 0) == 0 || impl.rfind("brg", 0) == 0) pd = pinned;
+    } catch (const dnnl::error&) {
+      // no kernel on the caller's layout: keep oneDNN's choice
+    }
+  }
   e->prim = dnnl::convolution_forward(pd);
   e->src_md = pd.src_desc();
   e->dst_md = pd.dst_desc();
