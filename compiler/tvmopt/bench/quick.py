@@ -1,7 +1,8 @@
 """A short latency comparison used by `tvmopt demo`: tvmopt vs onnxruntime, same inputs, one run.
 
-Measured with the bench harness's closed loop (interleaved blocks, warm-up apart), so the demo's
-figures agree with `tvmopt bench`.
+Every runtime (each tvmopt build and onnxruntime) runs in a worker process of its own, timed in
+blocks of alternating order with an idle gap before each (bench.isolated): in one process, or
+back to back, one runtime's spinning thread pool slows the next one's calls.
 """
 
 from __future__ import annotations
@@ -19,27 +20,38 @@ def latency_summary(artifact_path, model_path, runs: int = 50,
     import os
     import time
 
-    from ..kernels.timing import _busy_seconds
-    from .clock import RealClock
-    from .closed_loop import measure
-    from .runner import ArtifactRunner, InputFactory, OrtRunner
-    from ..runtime.loader import load
+    import numpy as np
 
-    lm = load(artifact_path)
-    factory = InputFactory(lm.inputs)
-    runners = [ArtifactRunner(lm, factory)]
-    for label, path in (others or {}).items():
-        runners.append(ArtifactRunner(load(path), factory, name=label))
-    runners.append(OrtRunner(str(model_path), factory, os.cpu_count()))
-    busy0, me0 = _busy_seconds()
-    t0 = time.perf_counter()
-    results = measure(runners, RealClock(), batch=factory.static_batch or 1, warmup=5, runs=runs)
-    busy1, me1 = _busy_seconds()
+    from ..kernels.timing import _busy_seconds
+    from ..runtime.loader import load
+    from .isolated import Spec, Worker, interleaved
+    from .runner import InputFactory
+
+    factory = InputFactory(load(artifact_path).inputs)
+    feeds = factory.feeds(factory.static_batch or 1)
+    threads = os.cpu_count() or 1
+    specs = {"tvmopt": Spec("tvmopt", str(artifact_path))}
+    specs.update({label: Spec("tvmopt", str(path)) for label, path in (others or {}).items()})
+    specs["onnxruntime"] = Spec("onnxruntime", str(model_path))
+    workers = {}
+    try:
+        for name, spec in specs.items():
+            workers[name] = Worker(name, spec, threads, feeds)
+        busy0, me0 = _busy_seconds(children=True)
+        t0 = time.perf_counter()
+        # Four rounds of long blocks: steady-state calls, as a server makes them, not mostly
+        # the first ones after the idle gap that wakes each runtime's threads.
+        times = interleaved(workers, runs, block=max(5, runs // 4))
+        busy1, me1 = _busy_seconds(children=True)
+    finally:
+        for w in workers.values():
+            w.close()
     # Cores other processes kept busy meanwhile: on a shared machine the kernels' thread team
     # waits for a descheduled thread at every parallel region, and the figures stop meaning much.
     foreign = max(0.0, (busy1 - busy0) - (me1 - me0)) / max(time.perf_counter() - t0, 1e-9)
-    rows = [{"runtime": r.runner, "median_ms": r.steady.p50_ms, "p95_ms": r.steady.p95_ms,
-             "foreign_load": round(foreign, 2)} for r in results]
+    rows = [{"runtime": name, "median_ms": float(np.median(t)),
+             "p95_ms": float(np.percentile(t, 95)), "foreign_load": round(foreign, 2)}
+            for name, t in times.items()]
     ort = rows[-1]["median_ms"]
     for r in rows:
         r["ratio_to_ort"] = r["median_ms"] / ort

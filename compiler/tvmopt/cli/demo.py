@@ -27,7 +27,8 @@ def _note_load(rows) -> None:
 @options.target()
 @click.option("-o", "--output", type=click.Path(), default="tvmopt-out/default.tvmopt",
               show_default=True)
-@click.option("--runs", type=int, default=50, show_default=True)
+@click.option("--runs", type=int, default=200, show_default=True,
+              help="Timed calls per build and per onnxruntime (in four interleaved rounds).")
 def demo(target, output, runs):
     """The main job on the bundled model: compile, verify against onnxruntime, run, time."""
     # The latency table runs onnxruntime with threads = cores; give TVM's pool the same (its

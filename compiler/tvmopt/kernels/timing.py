@@ -297,14 +297,23 @@ class Measurement:
         return self.roof.why(self.ms) if self.roof is not None else ""
 
 
-def _busy_seconds() -> tuple[float, float]:
-    """(CPU seconds all processes have used, CPU seconds this process has used)."""
+def _busy_seconds(children: bool = False) -> tuple[float, float]:
+    """(CPU seconds all processes have used, CPU seconds this process has used, with its
+    running children's when `children`: worker processes timed alongside it)."""
     import psutil
 
     t = psutil.cpu_times()
     busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
-    me = psutil.Process().cpu_times()
-    return busy, me.user + me.system
+    proc = psutil.Process()
+    mine = [proc] + (proc.children(recursive=True) if children else [])
+    own = 0.0
+    for p in mine:
+        try:
+            c = p.cpu_times()
+        except psutil.Error:  # a child that has just exited
+            continue
+        own += c.user + c.system
+    return busy, own
 
 
 def _sample(f, inputs) -> tuple[float, float, float]:

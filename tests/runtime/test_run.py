@@ -1,0 +1,31 @@
+"""LoadedModel.run: numpy in, numpy out, one call after another on its own input tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from tests.models import tiny_mlp
+
+
+def test_each_call_runs_on_the_inputs_it_was_given(tmp_path):
+    import tvmopt
+
+    model = tiny_mlp(str(tmp_path / "mlp.onnx"))
+    res = tvmopt.compile_model(tvmopt.CompileOptions(model=model, target="host", precision="fp32",
+                                                     output=str(tmp_path / "art")),
+                               log=lambda _s: None)
+    lm = tvmopt.load(res.artifact.path)
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    # run() refills its input tensors in place: new values, a new batch size, and back again
+    for batch in (2, 2, 5, 2):
+        x = rng.standard_normal((batch, 32)).astype(np.float32)
+        kept = x.copy()
+        got = next(iter(lm.run({"x": x}).values()))
+        ref = sess.run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(x, kept)  # the caller's array is only read
+    first = next(iter(lm.run({"x": kept}).values()))
+    next(iter(lm.run({"x": kept * 3}).values()))
+    np.testing.assert_array_equal(next(iter(lm.run({"x": kept}).values())), first)
