@@ -117,11 +117,13 @@ def test_long_cross_attention_in_bf16_with_a_pretransposed_key():
                                                                      od.BMM_FUNC: 0}
 
 
-def heads_attention(batch, seq, heads, d, causal=False):
+def heads_attention(batch, seq, heads, d, causal=False, fused=False):
     """A transformer's self-attention from (b, s, h*d) projections: the head split (reshape +
-    transpose to (b, h, s, d); k straight to (b, h, d, s)), attention, and the head merge."""
+    transpose to (b, h, s, d); k straight to (b, h, d, s)), attention, and the head merge.
+    `fused`: q, k and v split out of one (b, s, 3*h*d) projection."""
     hd = heads * d
-    nodes = [helper.make_node("Reshape", [x, "split_shape"], [x + "4"]) for x in "qkv"]
+    nodes = [helper.make_node("Split", ["qkv", "sections"], list("qkv"), axis=-1)] if fused else []
+    nodes += [helper.make_node("Reshape", [x, "split_shape"], [x + "4"]) for x in "qkv"]
     nodes += [helper.make_node("Transpose", ["q4"], ["qh"], perm=[0, 2, 1, 3]),
               helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
               helper.make_node("Transpose", ["v4"], ["vh"], perm=[0, 2, 1, 3]),
@@ -131,6 +133,8 @@ def heads_attention(batch, seq, heads, d, causal=False):
     inits = [numpy_helper.from_array(np.array([0, 0, heads, d], np.int64), "split_shape"),
              numpy_helper.from_array(np.array([0, 0, hd], np.int64), "merge_shape"),
              numpy_helper.from_array(np.array(d ** -0.5, np.float32), "scale")]
+    if fused:
+        inits.append(numpy_helper.from_array(np.array([hd] * 3, np.int64), "sections"))
     if causal:
         mask = np.triu(np.full((seq, seq), -1e4, np.float32), 1)
         inits.append(numpy_helper.from_array(mask, "mask"))
@@ -140,29 +144,33 @@ def heads_attention(batch, seq, heads, d, causal=False):
               helper.make_node("MatMul", ["p", "vh"], ["y4"]),
               helper.make_node("Transpose", ["y4"], ["ys"], perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["ys", "merge_shape"], ["y"])]
+    names = ["qkv"] if fused else list("qkv")
+    width = 3 * hd if fused else hd
     g = helper.make_graph(
         nodes, "g",
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [batch, seq, hd]) for x in "qkv"],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [batch, seq, width]) for x in names],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
-    return m, {x: rand(batch, seq, hd) for x in "qkv"}
+    return m, {x: rand(batch, seq, width) for x in names}
 
 
 # short sequences read the strided rows in place; long ones copy each head's rows dense
-@pytest.mark.parametrize("compute,seq,causal", [("fp32", 40, False), ("fp32", 300, True),
-                                                ("fp32", 1030, True), ("bf16", 600, False),
-                                                ("bf16", 70, True)])
-def test_head_split_and_merge_are_read_and_written_through_strides(compute, seq, causal):
+@pytest.mark.parametrize("compute,seq,causal,fused", [
+    ("fp32", 40, False, False), ("fp32", 300, True, False), ("fp32", 1030, True, True),
+    ("fp32", 50, False, True), ("bf16", 600, False, False), ("bf16", 70, True, False),
+    ("bf16", 520, True, True)])
+def test_head_split_and_merge_are_read_and_written_through_strides(compute, seq, causal, fused):
     from tvmopt.kernels.dispatch import host_has_bf16
 
     if compute == "bf16" and not host_has_bf16():
         pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
-    m, feeds = heads_attention(2, seq, 3, 32, causal)
+    m, feeds = heads_attention(2, seq, 3, 32, causal, fused)
     calls = build_and_check(m, feeds, compute=compute, tol=1e-4 if compute == "fp32" else 2e-2,
-                            also=("R.permute_dims",))
-    # no transpose kernel is left: the call reads (b, s, h, d) and writes it
-    assert calls == {od.ATTN_FUNC: 1, od.BMM_FUNC: 0, "R.permute_dims": 0}
+                            also=("R.permute_dims", "R.split"))
+    # no transpose kernel is left: the call reads (b, s, h, d) and writes it; q, k and v of
+    # one projection are read from it, without a split
+    assert calls == {od.ATTN_FUNC: 1, od.BMM_FUNC: 0, "R.permute_dims": 0, "R.split": 0}
 
 
 def test_short_attention_is_one_call_too():

@@ -1164,14 +1164,15 @@ class _Lower(relax.PyExprMutator):
         self.layout = layout
         self.compute = compute  # GlobalVar -> "fp32" | "bf16"
         self.bf16_of = {}  # an fp32 operand -> its bf16 copy, within the current block
+        self.fused_of = {}  # a fused q/k/v projection -> its (b, s, heads, d) view, ditto
         self.uses = {}  # var -> number of uses in the function being lowered
 
     def visit_binding_block_(self, block):
-        self.bf16_of = {}  # a copy made in one block is not visible in the next
+        self.bf16_of, self.fused_of = {}, {}  # made in one block, not visible in the next
         return super().visit_binding_block_(block)
 
     def visit_dataflow_block_(self, block):
-        self.bf16_of = {}
+        self.bf16_of, self.fused_of = {}, {}
         return super().visit_dataflow_block_(block)
 
     def visit_call_(self, call):
@@ -1542,19 +1543,64 @@ class _Lower(relax.PyExprMutator):
                 mask, mode = self._resolve(env, b if a.same_as(scores) else a), 3
         # The head split of a transformer, (b, s, h, d) -> (b, h, s, d), is read through the
         # row stride instead of run as a transpose kernel (k's (b, h, d, s) read transposed).
-        layout = 0
+        layout, offsets, heads = 0, [0, 0, 0], 0
         if (x := self._head_split(q, (0, 2, 1, 3))) is not None:
             q, layout = x, layout | ATTN_SEQ_MAJOR_Q
         if (x := self._head_split(k, (0, 2, 1, 3) if trans else (0, 2, 3, 1))) is not None:
             k, trans, layout = x, 1, layout | ATTN_SEQ_MAJOR_K
         if (x := self._head_split(v, (0, 2, 1, 3))) is not None:
             v, layout = x, layout | ATTN_SEQ_MAJOR_V
+        if layout & ATTN_SEQ_MAJOR_Q:
+            # q, k and v sliced out of one projection by a split: read from the projection
+            # itself, (b, s, 3h, d), each from its first head on, without the split's copies
+            fused = [self._fused_heads(t) for t in (q, k, v)]
+            if all(f is not None for f in fused) and layout == (
+                    ATTN_SEQ_MAJOR_Q | ATTN_SEQ_MAJOR_K | ATTN_SEQ_MAJOR_V):
+                heads = int(q.ty.shape.values[2])
+                (q, offsets[0]), (k, offsets[1]), (v, offsets[2]) = fused
         attrs = relax.ShapeExpr([trans, _f32_bits(scale), compute, mode, _f32_bits(fill),
-                                 layout])
+                                 layout, *offsets, heads])
         args = [self._bf16(q, compute), self._bf16(k, compute), self._bf16(v, compute)]
         if mask is not None:
             args.append(mask)
         return relax.call_dps_packed(ATTN_FUNC, [*args, attrs], call.ty)
+
+    def _fused_heads(self, x):
+        """(view, first head) when (b, s, h, d) `x` reshapes a section of a split along the
+        last axis of a (b, s, c) projection: the projection viewed (b, s, c / d, d), one view
+        per projection; else None."""
+        shape = getattr(x.ty, "shape", None)
+        bound = self.lookup_binding(x) if isinstance(x, relax.Var) else None
+        if not (_is(bound, "relax.reshape") and isinstance(bound.args[0], relax.Var)
+                and shape is not None and isinstance(shape.values[3], tvm.tirx.IntImm)):
+            return None
+        item = self.lookup_binding(bound.args[0])
+        if not (isinstance(item, relax.TupleGetItem) and isinstance(item.tuple_value, relax.Var)):
+            return None
+        split = self.lookup_binding(item.tuple_value)
+        if not _is(split, "relax.split"):
+            return None
+        proj = split.args[0]
+        pshape = getattr(proj.ty, "shape", None)
+        if pshape is None or len(pshape.values) != 3 or int(split.attrs.axis) not in (-1, 2):
+            return None
+        c, d = pshape.values[2], int(shape.values[3])
+        if not isinstance(c, tvm.tirx.IntImm) or int(c) % d:
+            return None
+        c = int(c)
+        sections = split.attrs.indices_or_sections
+        if isinstance(sections, tvm.tirx.IntImm):
+            starts = [c // int(sections) * i for i in range(int(sections))]
+        else:
+            starts = [0] + [int(i) for i in sections]
+        start = starts[int(item.index)]
+        if start % d:
+            return None
+        if proj not in self.fused_of:
+            b, s = pshape.values[0], pshape.values[1]
+            self.fused_of[proj] = self.builder_.emit(
+                relax.op.reshape(proj, relax.ShapeExpr([b, s, c // d, d])))
+        return self.fused_of[proj], start // d
 
     def _head_split(self, x, axes):
         """The (b, s, h, d) tensor that rank-4 `x` is a permute_dims by `axes` of, else None."""
@@ -1655,7 +1701,7 @@ def _merge_heads(mod: tvm.IRModule) -> tvm.IRModule:
                     continue
                 if (v.op.name == "relax.call_dps_packed"
                         and str(v.args[0].global_symbol) == ATTN_FUNC
-                        and len(v.args[1].fields[-1].values) == 6):
+                        and len(v.args[1].fields[-1].values) >= 6):
                     attn[b.var] = v
                 elif (v.op.name == "relax.permute_dims" and v.args[0] in attn
                       and v.attrs.axes is not None

@@ -1147,12 +1147,17 @@ void BatchMatmul(PackedArgs args, tvm::ffi::Any* rv) {
 // (batch, heads, seq, d): the head split / merge transposes of a transformer. A thread copies
 // the rows of one head it works on into a buffer of its own (oneDNN's AMX matmul takes only
 // dense rows) and the block's output rows back: in cache, instead of a transpose kernel and a
-// tensor each way. Such a k is read transposed.
+// tensor each way. Such a k is read transposed. kAHeads (when not 0) is the number of heads of
+// the attention and kAHeadOff* the first head of q, k and v among a sequence-major tensor's:
+// the three can be one (batch, seq, 3 * heads, d) projection, read without splitting it.
 
 // kAMask: 0 none; 1 / 2: scores set to the kAFillBits value where a boolean mask (the input
 // after v) is true / false (a where() between the scores and the softmax); 3: a float mask
 // added to the scores (an additive attention bias). The mask broadcasts to the scores.
-enum AttnAttr { kATransK, kAScaleBits, kACompute, kAMask, kAFillBits, kALayout, kANumAttrs };
+enum AttnAttr {
+  kATransK, kAScaleBits, kACompute, kAMask, kAFillBits, kALayout,
+  kAHeadOffQ, kAHeadOffK, kAHeadOffV, kAHeads, kANumAttrs
+};
 enum AttnLayout { kSeqMajorQ = 1, kSeqMajorK = 2, kSeqMajorV = 4, kSeqMajorOut = 8 };
 enum AttnMask { kMaskNone = 0, kMaskFillTrue = 1, kMaskFillFalse = 2, kMaskAdd = 3 };
 
@@ -1364,7 +1369,7 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
   int n = args.size();
   TVM_FFI_ICHECK(n == 5 || n == 6) << "attention(q, k, v, [mask], attrs, out)";
   std::vector<int64_t> at = ReadAttrs(args[n - 2]);
-  if (at.size() == 3 || at.size() == 5) at.resize(kANumAttrs, 0);
+  if (at.size() == 3 || at.size() == 5 || at.size() == 6) at.resize(kANumAttrs, 0);
   TVM_FFI_ICHECK_EQ(at.size(), static_cast<size_t>(kANumAttrs)) << "bad attention attrs";
   int mask_mode = static_cast<int>(at[kAMask]);
   TVM_FFI_ICHECK_EQ(n, 5 + (mask_mode != kMaskNone)) << "attention: mask and attrs disagree";
@@ -1379,14 +1384,25 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
   int layout = static_cast<int>(at[kALayout]);
   TVM_FFI_ICHECK(layout == 0 || (nd == 4 && (!(layout & kSeqMajorK) || trans_k)))
       << "attention: sequence-major tensors need rank 4 (and k read transposed)";
-  // (batch, seq, heads, d) given -> the logical (batch, heads, seq, d)
-  auto logical = [&](const TensorView& t, int bit) {
+  // (batch, seq, heads, d) given -> the logical (batch, heads, seq, d); a tensor holding more
+  // heads than the attention's (kAHeads) contributes `heads` of them from its offset on.
+  int64_t heads_attr = at[kAHeads];
+  auto logical = [&](const TensorView& t, int bit, int64_t off) {
     memory::dims d = Dims(t);
-    if (layout & bit) std::swap(d[1], d[2]);
+    if (!(layout & bit)) {
+      TVM_FFI_ICHECK(off == 0) << "attention: a head offset needs a sequence-major tensor";
+      return d;
+    }
+    int64_t held = d[2];
+    if (heads_attr) d[2] = heads_attr;
+    TVM_FFI_ICHECK(off >= 0 && off + d[2] <= held) << "attention: heads out of the tensor";
+    std::swap(d[1], d[2]);
     return d;
   };
-  memory::dims q_dims = logical(Q, kSeqMajorQ), k_dims = logical(K, kSeqMajorK);
-  memory::dims v_dims = logical(V, kSeqMajorV), o_dims = logical(out, kSeqMajorOut);
+  memory::dims q_dims = logical(Q, kSeqMajorQ, at[kAHeadOffQ]);
+  memory::dims k_dims = logical(K, kSeqMajorK, at[kAHeadOffK]);
+  memory::dims v_dims = logical(V, kSeqMajorV, at[kAHeadOffV]);
+  memory::dims o_dims = logical(out, kSeqMajorOut, 0);
   int64_t M = q_dims[nd - 2], D = q_dims[nd - 1];
   int64_t N = trans_k ? k_dims[nd - 2] : k_dims[nd - 1];
   int64_t Dk = trans_k ? k_dims[nd - 1] : k_dims[nd - 2], Dv = v_dims[nd - 1];
@@ -1412,19 +1428,35 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
 
   // Heads of a sequence-major tensor are interleaved along its rows.
   int64_t heads = nd == 4 ? q_dims[1] : 1;
-  auto row_stride = [&](int bit, int64_t cols) { return layout & bit ? heads * cols : cols; };
-  AttnStrides ld{row_stride(kSeqMajorQ, D), row_stride(kSeqMajorK, trans_k ? D : N),
-                 row_stride(kSeqMajorV, Dv), row_stride(kSeqMajorOut, Dv)};
+  // heads a sequence-major tensor holds along its rows (more than `heads` for a fused q/k/v)
+  int64_t held_q = layout & kSeqMajorQ ? Q.size(2) : heads;
+  int64_t held_k = layout & kSeqMajorK ? K.size(2) : heads;
+  int64_t held_v = layout & kSeqMajorV ? V.size(2) : heads;
+  auto row_stride = [&](int bit, int64_t held, int64_t cols) {
+    return layout & bit ? held * cols : cols;
+  };
+  AttnStrides ld{row_stride(kSeqMajorQ, held_q, D),
+                 row_stride(kSeqMajorK, held_k, trans_k ? D : N),
+                 row_stride(kSeqMajorV, held_v, Dv), row_stride(kSeqMajorOut, heads, Dv)};
   // Where matrix (batch, head) `bh` of a tensor starts, in elements: `rows` x `cols` each.
-  auto start = [&](int bit, int64_t bh, int64_t rows, int64_t cols) {
+  auto start_of = [&](int bit, int64_t held, int64_t off, int64_t bh, int64_t rows,
+                      int64_t cols) {
     if (!(layout & bit)) return bh * rows * cols;
-    return (bh / heads * rows * heads + bh % heads) * cols;
+    return (bh / heads * rows * held + off + bh % heads) * cols;
+  };
+  auto start = [&](int bit, int64_t bh, int64_t rows, int64_t cols) {
+    switch (bit) {
+      case kSeqMajorQ: return start_of(bit, held_q, at[kAHeadOffQ], bh, rows, cols);
+      case kSeqMajorK: return start_of(bit, held_k, at[kAHeadOffK], bh, rows, cols);
+      case kSeqMajorV: return start_of(bit, held_v, at[kAHeadOffV], bh, rows, cols);
+      default: return start_of(bit, heads, 0, bh, rows, cols);
+    }
   };
 
   std::lock_guard<std::mutex> lock(g_mu);
   ApplyThreads();
   Runtime& rt = GetRuntime();
-  std::string key = MakeKey("attn", nullptr, at, {q_dims, k_dims, v_dims, o_dims}) +
+  std::string key = MakeKey("attn", nullptr, at, {Dims(Q), Dims(K), Dims(V), Dims(out)}) +
                     TypesKey({q_t, k_t, v_t, out_t});
   auto it = g_attn_cache.find(key);
   std::shared_ptr<AttnEntry> e;
@@ -1459,18 +1491,20 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
       e->v_in = dnnl::reorder(dnnl::reorder::primitive_desc(rt.eng, e->v_user_md, rt.eng, e->v_md));
     }
     // Operands in another type than the compute one are converted whole, once per call.
-    auto flat = [&](memory::dims d, dt t) {
-      return memory::desc({batch * d[nd - 2], d[nd - 1]}, t, tag::ab);
+    // (whole tensors as given: a fused q/k/v is converted once, see `operand`)
+    auto flat = [&](const TensorView& t, dt type) {
+      int64_t last = t.size(t.ndim() - 1);
+      return memory::desc({t.numel() / last, last}, type, tag::ab);
     };
-    e->user_q_md = flat(q_dims, q_t);
-    e->user_k_md = flat(k_dims, k_t);
-    e->user_v_md = flat(v_dims, v_t);
+    e->user_q_md = flat(Q, q_t);
+    e->user_k_md = flat(K, k_t);
+    e->user_v_md = flat(V, v_t);
     e->convert_q = q_t != e->cdt;
     e->convert_k = k_t != e->cdt;
     e->convert_v = v_t != e->cdt;
-    if (e->convert_q) e->q_buf = memory(flat(q_dims, e->cdt), rt.eng);
-    if (e->convert_k) e->k_buf = memory(flat(k_dims, e->cdt), rt.eng);
-    if (e->convert_v) e->v_buf = memory(flat(v_dims, e->cdt), rt.eng);
+    if (e->convert_q) e->q_buf = memory(flat(Q, e->cdt), rt.eng);
+    if (e->convert_k) e->k_buf = memory(flat(K, e->cdt), rt.eng);
+    if (e->convert_v) e->v_buf = memory(flat(V, e->cdt), rt.eng);
     g_attn_cache[key] = e;
   }
   auto operand = [&](const TensorView& t, const memory::desc& md, bool convert,
@@ -1480,9 +1514,12 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
     dnnl::reorder(user, buf).execute(rt.strm, user, buf);
     return static_cast<char*>(buf.get_data_handle());
   };
+  // One tensor passed as q, k and v (a fused projection) is converted once.
   char* q = operand(Q, e->user_q_md, e->convert_q, e->q_buf);
-  char* k = operand(K, e->user_k_md, e->convert_k, e->k_buf);
-  char* v = operand(V, e->user_v_md, e->convert_v, e->v_buf);
+  bool k_is_q = DataPtr(K) == DataPtr(Q) && k_t == q_t && e->user_k_md == e->user_q_md;
+  char* k = k_is_q ? q : operand(K, e->user_k_md, e->convert_k, e->k_buf);
+  bool v_is_q = DataPtr(V) == DataPtr(Q) && v_t == q_t && e->user_v_md == e->user_q_md;
+  char* v = v_is_q ? q : operand(V, e->user_v_md, e->convert_v, e->v_buf);
   rt.strm.wait();  // the conversions are done before any thread reads their results
   char* o = static_cast<char*>(DataPtr(out));
   size_t cs = TypeSize(e->cdt), os = TypeSize(out_t);
