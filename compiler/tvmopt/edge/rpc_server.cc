@@ -345,7 +345,7 @@ struct Options {
 
 // Accepts connections until one completes the handshake with `match`; returns its socket and
 // the session timeout the client asked for (0: none).
-int Accept(int listen_fd, Tracker* tracker, const Options& o, int* timeout_s) {
+int Accept(int listen_fd, Tracker* tracker, const Options& o, int* timeout_s, std::string* peer_name) {
   std::string match = tracker->Put();
   int idle = 0;
   while (true) {
@@ -387,6 +387,10 @@ int Accept(int listen_fd, Tracker* tracker, const Options& o, int* timeout_s) {
       }
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
+      getnameinfo(reinterpret_cast<sockaddr*>(&peer), len, host, sizeof(host), serv, sizeof(serv),
+                  NI_NUMERICHOST | NI_NUMERICSERV);
+      *peer_name = std::string(host) + ":" + serv;
       return fd;
     } catch (const SocketError&) {
       close(fd);
@@ -394,7 +398,7 @@ int Accept(int listen_fd, Tracker* tracker, const Options& o, int* timeout_s) {
   }
 }
 
-void Serve(int fd, int timeout_s) {
+void Serve(int fd, int timeout_s, const std::string& peer) {
   char tmpl[] = "/tmp/tvmopt-rpc-XXXXXX";
   const char* base = std::getenv("TMPDIR");
   std::string pattern = std::string(base && *base ? base : "/tmp") + "/tvmopt-rpc-XXXXXX";
@@ -449,6 +453,12 @@ void Serve(int fd, int timeout_s) {
   }
   close(fd);
   RemoveTree(work);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::ostringstream os;
+  os.precision(3);
+  os << "tvmopt-rpc-server: session " << peer << " ended after " << secs << " s, status "
+     << (WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  std::cout << os.str() << std::endl;
 }
 
 Options ParseArgs(int argc, char** argv) {
@@ -506,8 +516,9 @@ int main(int argc, char** argv) {
       try {
         if (!tracker.connected()) tracker.Connect();
         int timeout_s = 0;
-        int fd = Accept(listen_fd, &tracker, o, &timeout_s);
-        Serve(fd, timeout_s);
+        std::string peer;
+        int fd = Accept(listen_fd, &tracker, o, &timeout_s, &peer);
+        Serve(fd, timeout_s, peer);
       } catch (const SocketError& e) {
         Log(std::string("tracker connection lost (") + e.what() + "); reconnecting");
         tracker.Close();

@@ -114,21 +114,23 @@ def local_command(arch: str, tracker: str, key: str, host: str = "127.0.0.1",
 
 
 def start_local_server(arch: str, tracker: str, key: str, host: str = "127.0.0.1",
-                       port: int = 9090, log=print, quiet: bool = True) -> subprocess.Popen:
+                       port: int = 9090, log=print, output=None) -> subprocess.Popen:
     """Start the `arch` server here (under qemu-user when foreign) registered with `tracker`.
 
-    It runs until terminated; a server that exits at once is reported with its error line.
+    It runs until terminated (see stop), writing its log (a line per session) to `output`, a
+    binary file object (None: this process's stdout and stderr). A server that exits at once
+    is reported with its error line.
 
     Raises:
         BuildError: it cannot be built or run here, or it exited at start.
     """
     cmd = local_command(arch, tracker, key, host, port, log)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL if quiet else None,
-                            stderr=subprocess.PIPE if quiet else None, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=output, stderr=output, start_new_session=True)
     time.sleep(0.5)
     if proc.poll() is not None:
-        err = proc.stderr.read().strip().splitlines() if proc.stderr else []
+        err = []
+        if output is not None and getattr(output, "name", None):
+            err = Path(output.name).read_text(errors="replace").strip().splitlines()
         raise BuildError(f"{NAME} exited at start: {err[-1] if err else proc.returncode}")
     return proc
 
@@ -157,3 +159,17 @@ def board_recipe(folder: Path, arch: str, tracker: str, key: str) -> str:
         "The tracker address must be reachable from the board (not 127.0.0.1). The server runs "
         "any code sent to it: trusted networks only.",
     ])
+
+
+def run_local_server(arch: str, tracker: str, key: str, host: str, port: int, log=print) -> int:
+    """Run the `arch` server here in the foreground until it exits or Ctrl-C; its exit status."""
+    cmd = local_command(arch, tracker, key, host, port, log)
+    emulated = bool(run_prefix(arch))
+    log(f"{NAME} for {arch}" + (" under qemu-user (timings rank schedules; they are not the "
+                                "board's latencies)" if emulated else ""))
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        stop(proc)
+        return 0
