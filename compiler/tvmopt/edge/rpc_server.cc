@@ -30,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -345,7 +346,8 @@ struct Options {
 
 // Accepts connections until one completes the handshake with `match`; returns its socket and
 // the session timeout the client asked for (0: none).
-int Accept(int listen_fd, Tracker* tracker, const Options& o, int* timeout_s, std::string* peer_name) {
+int Accept(int listen_fd, Tracker* tracker, const Options& o, int* timeout_s,
+           std::string* peer_name) {
   std::string match = tracker->Put();
   int idle = 0;
   while (true) {
@@ -399,13 +401,11 @@ int Accept(int listen_fd, Tracker* tracker, const Options& o, int* timeout_s, st
 }
 
 void Serve(int fd, int timeout_s, const std::string& peer) {
-  char tmpl[] = "/tmp/tvmopt-rpc-XXXXXX";
   const char* base = std::getenv("TMPDIR");
   std::string pattern = std::string(base && *base ? base : "/tmp") + "/tvmopt-rpc-XXXXXX";
   std::vector<char> buf(pattern.begin(), pattern.end());
   buf.push_back('\0');
   const char* dir = mkdtemp(buf.data());
-  if (dir == nullptr) dir = mkdtemp(tmpl);
   if (dir == nullptr) {
     Log(std::string("cannot create a work directory: ") + std::strerror(errno));
     close(fd);

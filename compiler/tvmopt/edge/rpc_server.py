@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -70,6 +71,7 @@ def build_rpc_server(tc: Toolchain, rt: Runtime, log=print) -> Path:
             raise BuildError(f"building {NAME} with {tc.cxx} failed: {lines[0]}")
         for name in LIBS:
             shutil.copy2(rt.lib_paths[name], tmp / "lib" / name)
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would follow the folder to the board
         try:
             os.replace(tmp, folder)
         except OSError:  # built meanwhile by another process
@@ -139,21 +141,26 @@ def stop(proc: subprocess.Popen) -> None:
     """Terminate a server started by start_local_server, with the session children it forked."""
     if proc.poll() is None:
         try:
-            os.killpg(proc.pid, 15)
+            os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
 
 def board_recipe(folder: Path, arch: str, tracker: str, key: str) -> str:
     """How to run the server on an `arch` board: what to copy and the command there."""
+    from .bundle import system_requirements
+
     name = f"tvmopt-rpc-server-{arch}"
+    files = [p for p in (folder / "bin").glob("*")] + [p for p in (folder / "lib").glob("*")]
+    need = system_requirements(files) if files else {}
+    needs = ", ".join(f"{k} >= {v}" for k, v in need.items() if k != "gcc")
     return "\n".join([
-        f"On the {arch} board (Linux, glibc; no Python needed):",
+        f"On the {arch} board (Linux{', ' + needs if needs else ''}; no Python needed):",
         f"  scp -r {folder} BOARD:{name}",
         f"  ssh BOARD ./{name}/bin/{NAME} --tracker {tracker} --key {key} --host 0.0.0.0",
         "The tracker address must be reachable from the board (not 127.0.0.1). The server runs "
@@ -167,9 +174,18 @@ def run_local_server(arch: str, tracker: str, key: str, host: str, port: int, lo
     emulated = bool(run_prefix(arch))
     log(f"{NAME} for {arch}" + (" under qemu-user (timings rank schedules; they are not the "
                                 "board's latencies)" if emulated else ""))
+    # Its own process group, so that stopping it also ends the sessions it forked; a Ctrl-C
+    # or SIGTERM to this process stops the group.
     proc = subprocess.Popen(cmd, start_new_session=True)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        stop(proc)
         return 0
+    finally:
+        stop(proc)
+        signal.signal(signal.SIGTERM, old)
