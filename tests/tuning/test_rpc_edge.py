@@ -144,3 +144,22 @@ def test_board_recipe_names_what_to_copy_and_the_command(tmp_path):
     text = rpc_server.board_recipe(tmp_path / "srv", "aarch64", "10.0.0.2:9190", KEY)
     assert f"scp -r {tmp_path / 'srv'} BOARD:" in text
     assert f"bin/tvmopt-rpc-server --tracker 10.0.0.2:9190 --key {KEY} --host 0.0.0.0" in text
+
+
+def test_rpc_server_cli_board_prints_the_recipe(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from tvmopt.cli.main import main
+    from tvmopt.edge import rpc_server
+
+    monkeypatch.setattr(rpc_server, "server_folder", lambda arch, log=print: tmp_path / arch)
+    res = CliRunner().invoke(main, ["rpc", "server", "--tracker", "10.0.0.2:9190", "--key",
+                                    "pi5", "--arch", "aarch64", "--board"])
+    assert res.exit_code == 0, res.output
+    assert f"scp -r {tmp_path / 'aarch64'} BOARD:tvmopt-rpc-server-aarch64" in res.output
+    res = CliRunner().invoke(main, ["rpc", "server", "--tracker", "10.0.0.2:9190", "--key",
+                                    "pi5", "--board"])
+    assert res.exit_code != 0 and "--board needs --arch" in res.output
+    res = CliRunner().invoke(main, ["rpc", "server", "--tracker", "nohost", "--key", "pi5",
+                                    "--arch", "aarch64"])
+    assert res.exit_code == 1 and "expected HOST:PORT" in res.output
