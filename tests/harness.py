@@ -138,3 +138,33 @@ def loopback_rpc_farm(key: str, servers: int, timeout_s: float = 60):
     finally:
         for p in reversed(procs):
             p.terminate()
+
+
+@contextlib.contextmanager
+def emulated_rpc_farm(key: str, servers: int, arch: str, log_dir, timeout_s: float = 120):
+    """A TVM RPC tracker on 127.0.0.1 and `servers` tvmopt-rpc-server processes for `arch`
+    (under qemu-user when foreign) registered under `key`; yields (tracker HOST:PORT, the
+    servers' log files) and terminates everything afterwards."""
+    from pathlib import Path
+
+    from tvmopt.edge import rpc_server
+    from tvmopt.tuning import rpc
+
+    tracker, procs, files = None, [], []
+    try:
+        tracker = rpc.start_tracker("127.0.0.1", rpc.free_port())
+        addr = f"127.0.0.1:{tracker.port}"
+        for i in range(servers):
+            path = Path(log_dir) / f"rpc-server-{i}.log"
+            files.append(open(path, "wb"))
+            procs.append(rpc_server.start_local_server(arch, addr, key, port=rpc.free_port(),
+                                                       log=lambda m: None, output=files[-1]))
+        rpc.wait_for_servers(addr, key, servers, timeout_s=timeout_s)
+        yield addr, [Path(f.name) for f in files]
+    finally:
+        for p in procs:
+            rpc_server.stop(p)
+        for f in files:
+            f.close()
+        if tracker is not None:
+            tracker.terminate()

@@ -62,12 +62,33 @@ def build_for_tuning(mod, target, _params=None):
     return tvm_build(mod, target=target)
 
 
-def make_builder(timeout_sec: float = 60.0, workers: int = 1):
-    """A LocalBuilder that works on a 2-core machine (see load_target_intrinsics)."""
+def export_linked(cxx: str, mod) -> str:
+    """LocalBuilder f_export: a shared library linked here with `cxx`.
+
+    MetaSchedule's default exports a tar of object files for the server to link, but a device
+    server (tvmopt-rpc-server, a board without a compiler) can only load a linked library, and
+    for a foreign arch only the cross compiler here can link it.
+    """
+    import os
+    import tempfile
+
+    from tvm.support.cc import cross_compiler
+
+    path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
+    mod.export_library(path, fcompile=cross_compiler(cxx))
+    return path
+
+
+def make_builder(timeout_sec: float = 60.0, workers: int = 1, link_with: str | None = None):
+    """A LocalBuilder that works on a 2-core machine (see load_target_intrinsics); with
+    `link_with` (a C++ compiler driver) each candidate is exported as a library linked by it."""
+    import functools
+
     from tvm.s_tir import meta_schedule as ms
 
-    return ms.builder.LocalBuilder(f_build=build_for_tuning, timeout_sec=timeout_sec,
-                                   max_workers=workers)
+    f_export = functools.partial(export_linked, link_with) if link_with else None
+    return ms.builder.LocalBuilder(f_build=build_for_tuning, f_export=f_export,
+                                   timeout_sec=timeout_sec, max_workers=workers)
 
 
 def alloc_arguments_in_range(device, args_info, alloc_repeat):
@@ -93,6 +114,34 @@ def alloc_arguments_in_range(device, args_info, alloc_repeat):
     return alloc_argument_common(fill, device, args_info, alloc_repeat)
 
 
+def rpc_alloc_arguments(session, device, args_info, alloc_repeat):
+    """RPCRunner f_alloc_argument: as alloc_arguments_in_range, on the server's device.
+
+    Floats are filled on the server by TVM's random fill where it has one (a Python server
+    with libtvm); a runtime-only server (tvmopt-rpc-server) lacks it, so their values are
+    drawn here and sent. Integer tensors are zeros either way.
+    """
+    import numpy as np
+    from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common
+
+    try:
+        remote_fill = session.get_function("tvm.contrib.random.random_fill_for_measure")
+    except (AttributeError, RuntimeError, ValueError):
+        remote_fill = None
+    rng = np.random.default_rng(0)
+
+    def fill(arg):
+        dtype, shape = str(arg.dtype), tuple(arg.shape)
+        if dtype.startswith(("int", "uint", "bool")):
+            arg.copyfrom(np.zeros(shape, dtype=dtype))
+        elif remote_fill is not None:
+            remote_fill(arg)
+        else:
+            arg.copyfrom(rng.uniform(-1.0, 1.0, size=shape).astype(dtype))
+
+    return alloc_argument_common(fill, device, args_info, alloc_repeat)
+
+
 def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None,
                 timeout_sec: float = 30.0, workers: int = 1):
     """LocalRunner, or RPCRunner through a tracker ('HOST:PORT') when one is given."""
@@ -108,7 +157,8 @@ def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None,
         raise TuningError("--rpc-tracker needs --rpc-key (the key the servers registered with)")
     cfg = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=rpc_key,
                               session_timeout_sec=int(timeout_sec))
-    return ms.runner.RPCRunner(rpc_config=cfg, evaluator_config=evaluator, max_workers=workers)
+    return ms.runner.RPCRunner(rpc_config=cfg, evaluator_config=evaluator, max_workers=workers,
+                               f_alloc_argument=rpc_alloc_arguments)
 
 
 def parse_host_port(text: str) -> tuple[str, int]:

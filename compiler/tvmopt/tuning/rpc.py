@@ -40,6 +40,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_key(key: str) -> str:
+    """A device key usable in the tracker protocol and the handshake (words split on blanks,
+    match keys built as KEY:random).
+
+    Raises:
+        TuningError: the key is empty or has blanks, quotes, backslashes or ':'.
+    """
+    if not key or any(c.isspace() or c in "\"\\:" for c in key):
+        raise TuningError(f"RPC key '{key}': use letters, digits, '-', '_' or '.' "
+                          "(no blanks, quotes, backslashes or ':')")
+    return key
+
+
 def start_server(tracker: str, key: str, host: str = "127.0.0.1", port: int = 9090):
     """Start an RPC server in a child process registered with `tracker` ('HOST:PORT') as `key`."""
     from tvm.rpc.server import Server
@@ -49,20 +62,70 @@ def start_server(tracker: str, key: str, host: str = "127.0.0.1", port: int = 90
                   silent=True)
 
 
+def tracker_summary(tracker: str, timeout_s: float = 5.0) -> dict:
+    """The tracker's summary ({"queue_info": {key: {"free": n, "pending": n}}, "server_info":
+    [...]}), asked once with the tracker protocol of tvm.rpc.base, without retrying.
+
+    Raises:
+        TuningError: nothing answers at `tracker`, or what answers is not a TVM RPC tracker.
+    """
+    import json
+    import struct
+
+    from tvm.rpc import base
+
+    host, port = parse_host_port(tracker)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+            magic = struct.unpack("<i", base.recvall(sock, 4))[0]
+            if magic != base.RPC_TRACKER_MAGIC:
+                raise TuningError(f"{tracker} answers but is not a TVM RPC tracker")
+            base.sendjson(sock, [base.TrackerCode.SUMMARY])
+            reply = base.recvjson(sock)
+    except (OSError, struct.error, json.JSONDecodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise TuningError(f"no RPC tracker at {tracker} ({reason}); start one with 'tvmopt rpc "
+                          "tracker' and servers with 'tvmopt rpc server'") from None
+    if not (isinstance(reply, list) and len(reply) == 2 and reply[0] == base.TrackerCode.SUCCESS):
+        raise TuningError(f"{tracker}: unexpected tracker reply {str(reply)[:80]}")
+    return reply[1]
+
+
+def check_servers(tracker: str, key: str) -> int:
+    """How many servers of `key` are connected to the tracker (free or busy); at least one.
+
+    Raises:
+        TuningError: the tracker is unreachable, or has no server of `key` (naming the keys it
+            has).
+    """
+    summary = tracker_summary(tracker)
+    queue = summary.get("queue_info", {})
+    servers = sum(1 for s in summary.get("server_info", [])
+                  if str(s.get("key", "")).split(":")[:2] == ["server", key])
+    info = queue.get(key, {})
+    count = max(servers, info.get("free", 0))
+    if count == 0:
+        known = sorted(set(queue) | {str(s.get("key", "")).split(":")[1]
+                                     for s in summary.get("server_info", [])
+                                     if str(s.get("key", "")).startswith("server:")})
+        raise TuningError(f"no RPC server with key '{key}' is registered at {tracker} "
+                          f"(keys there: {', '.join(known) or 'none'}); start one with 'tvmopt "
+                          f"rpc server --tracker {tracker} --key {key}'")
+    return count
+
+
 def wait_for_servers(tracker: str, key: str, count: int, timeout_s: float = 30.0) -> int:
     """Block until `count` servers of `key` are free on the tracker.
 
     Raises:
         TuningError: not enough servers registered in time.
     """
-    from tvm import rpc
-
-    host, port = parse_host_port(tracker)
     deadline = time.monotonic() + timeout_s
     free = 0
     while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            summary = rpc.connect_tracker(host, port).summary()
+        with contextlib.suppress(TuningError):
+            summary = tracker_summary(tracker, timeout_s=2.0)
             free = sum(q.get("free", 0) for k, q in summary.get("queue_info", {}).items()
                        if k == key)
             if free >= count:

@@ -232,6 +232,9 @@ class TuneOptions:
             if not self.rpc_key:
                 raise TuningError("--rpc-tracker needs --rpc-key (the key the servers "
                                   "registered with)")
+            from .rpc import check_key
+
+            check_key(self.rpc_key)
         if self.db is None:
             from ..targets.registry import get_target
 
@@ -315,6 +318,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
 
     t0 = time.perf_counter()
     hw = get_target(opts.target)
+    _check_measurable(opts, hw)
     target = hw.to_tvm()
     folder = Path(opts.db)
     notes: list = []
@@ -421,6 +425,30 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     return result
 
 
+def _rpc_linker(hw) -> str:
+    """The C++ compiler that links candidates for an RPC server of `hw`'s arch."""
+    from ..targets.cross import cross_cc
+
+    return cross_cc(hw) or "g++"
+
+
+def _check_measurable(opts, hw) -> None:
+    """A foreign-arch CPU target's kernels run only on such a device: refuse to tune it here
+    without one, before the model is imported."""
+    from ..targets.registry import host_arch
+
+    if hw.device == "cpu" and hw.arch != host_arch() and not opts.rpc_tracker:
+        raise TuningError(
+            f"target '{hw.name}' is {hw.arch}; its candidates can only be timed on an {hw.arch} "
+            f"device: start 'tvmopt rpc tracker' and 'tvmopt rpc server --arch {hw.arch}' (on "
+            "the board, or emulated here) and pass --rpc-tracker HOST:PORT --rpc-key KEY")
+    if opts.rpc_tracker:
+        from .rpc import check_servers
+
+        _rpc_linker(hw)  # the cross compiler, named with its package when missing
+        check_servers(opts.rpc_tracker, opts.rpc_key)
+
+
 def _search(opts, tasks, target, hw, folder, db, remaining, result, console):
     """MetaSchedule's search over `tasks` until the trial or time budget is spent, every task's
     space is exhausted, or Ctrl-C; fills result.tasks with what each task got and why."""
@@ -464,7 +492,8 @@ def _search(opts, tasks, target, hw, folder, db, remaining, result, console):
                 tasks=contexts, task_weights=weights, work_dir=str(folder),
                 max_trials_global=budget, max_trials_per_task=cap,
                 num_trials_per_iter=per_round,
-                builder=ctrl_c.builder(make_builder(workers=1)),
+                builder=ctrl_c.builder(make_builder(
+                    workers=1, link_with=_rpc_linker(hw) if opts.rpc_tracker else None)),
                 runner=runner, database=db,
                 cost_model=ctrl_c.cost_model(ms.cost_model.XGBModel(
                     num_tuning_cores=cores, tree_method="auto")),
