@@ -8,7 +8,6 @@ found through the rpath). Cached by everything that shapes the binary, like the 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -20,7 +19,7 @@ from pathlib import Path
 from ..errors import BuildError
 from ..files import cache_root
 from ..targets.cross import Toolchain
-from .runner import _compiler_id
+from .runner import build_key
 from .runtime import LIBS, Runtime, runtime_for
 from .toolchain import SETUP_COMMAND, missing_for_emulation, run_prefix, toolchain_for
 
@@ -49,12 +48,7 @@ def build_rpc_server(tc: Toolchain, rt: Runtime, log=print) -> Path:
     if shutil.which(tc.cxx) is None:
         raise BuildError(f"building {NAME} for {tc.arch} needs {tc.cxx}, from the package "
                          f"{tc.package}: apt-get install -y {tc.package}")
-    key = hashlib.sha256()
-    key.update(SOURCE.read_bytes())
-    key.update(_compiler_id(tc.cxx).encode())
-    key.update(repr(sorted(rt.versions.items())).encode())
-    key.update(tc.arch.encode())
-    folder = cache_root() / "edge" / f"rpc-server-{tc.arch}-{key.hexdigest()[:16]}"
+    folder = cache_root() / "edge" / f"rpc-server-{tc.arch}-{build_key(SOURCE, tc, rt)}"
     if (folder / "bin" / NAME).exists():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)

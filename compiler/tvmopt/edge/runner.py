@@ -23,6 +23,17 @@ def _compiler_id(cxx: str) -> str:
     return (proc.stdout.splitlines() or [cxx])[0]
 
 
+def build_key(source: Path, tc: Toolchain, rt: Runtime) -> str:
+    """What a cached binary built from `source` depends on: the source, the compiler, the TVM
+    runtime versions it links and the architecture."""
+    key = hashlib.sha256()
+    key.update(source.read_bytes())
+    key.update(_compiler_id(tc.cxx).encode())
+    key.update(repr(sorted(rt.versions.items())).encode())
+    key.update(tc.arch.encode())
+    return key.hexdigest()[:16]
+
+
 def compile_command(tc: Toolchain, rt: Runtime, out: Path) -> list[str]:
     """The command line that builds the runner at `out`."""
     includes = [f"-I{d}" for d in rt.include_dirs]
@@ -39,12 +50,7 @@ def build_runner(tc: Toolchain, rt: Runtime, log=print) -> Path:
     Raises:
         BuildError: the compiler failed (its first error line is quoted).
     """
-    key = hashlib.sha256()
-    key.update(SOURCE.read_bytes())
-    key.update(_compiler_id(tc.cxx).encode())
-    key.update(repr(sorted(rt.versions.items())).encode())
-    key.update(tc.arch.encode())
-    folder = cache_root() / "edge" / f"runner-{tc.arch}-{key.hexdigest()[:16]}"
+    folder = cache_root() / "edge" / f"runner-{tc.arch}-{build_key(SOURCE, tc, rt)}"
     binary = folder / NAME
     if binary.exists():
         return binary
