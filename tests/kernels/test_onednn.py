@@ -189,7 +189,37 @@ def matmul_case(name, a_shape, b_shape, bias=False, act=None, opset=17):
         assert sigmoids_left(mod) == 0, f"{name}: SiLU left outside the oneDNN call"
 
 
+def residual_matmul_case(name, a_shape, n, bias=True, twice=False):
+    """y = x_res + (x @ W [+ B]): a transformer's projection back into its residual stream
+    (x_res an input of the output's shape). `twice`: a second projection adds into the first's
+    result, whose buffer the memory plan may hand to the second call's output."""
+    inits = {"W": rand(a_shape[-1], n) * 0.1, "B": rand(n)}
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"])]
+    cur = "m"
+    if bias:
+        nodes.append(helper.make_node("Add", [cur, "B"], ["b"]))
+        cur = "b"
+    nodes.append(helper.make_node("Add", ["r", cur], ["y0"]))
+    cur = "y0"
+    if twice:
+        inits["W2"] = rand(n, n) * 0.1
+        nodes += [helper.make_node("MatMul", [cur, "W2"], ["m2"]),
+                  helper.make_node("Add", ["m2", cur], ["y1"])]
+        cur = "y1"
+    nodes.append(helper.make_node("Identity", [cur], ["y"]))
+    out_shape = list(a_shape[:-1]) + [n]
+    model = make_model(nodes, [("x", list(a_shape)), ("r", out_shape)], "y", inits)
+    mod = run_case(name, model, {"x": rand(*a_shape), "r": rand(*out_shape)},
+                   {od.CONV_FUNC: 0, od.MATMUL_FUNC: 2 if twice else 1})
+    # the residual add is the call's sum post-op, not a kernel of its own
+    assert "R.add" not in mod["main"].script(show_meta=False), name
+
+
 CASES = [
+    ("matmul_bias_residual", lambda: residual_matmul_case("matmul_bias_residual", (2, 7, 48),
+                                                          32)),
+    ("matmul_residual_chain", lambda: residual_matmul_case("matmul_residual_chain", (9, 24), 24,
+                                                           bias=False, twice=True)),
     ("conv1x1", lambda: conv_case("conv1x1", k=1, pad=0)),
     ("conv3x3_pad1", lambda: conv_case("conv3x3_pad1")),
     ("conv3x3_stride2", lambda: conv_case("conv3x3_stride2", stride=2)),

@@ -440,25 +440,32 @@ def _conv_patterns():
 
 
 def _matmul_patterns():
+    """matmul [+bias] [+relu|gelu|swish] or matmul [+bias] + residual (a transformer's
+    projection back into its residual stream), largest first."""
     pats = []
-    for act in ("relu", "gelu", "gelu_tanh", "swish", None):
-        for bias in (True, False):
-            mm = is_op("relax.matmul")(wildcard(), is_const())
-            ann = {"matmul": mm}
-            x = mm
-            name = "matmul"
-            if bias:
-                x = is_op("relax.add")(x, is_const())
-                ann["bias"] = x
-                name += "_bias"
-            if act == "swish":
-                x = _swish(x)
-            elif act:
-                x = is_op({"relu": "relax.nn.relu", "gelu": "relax.nn.gelu",
-                           "gelu_tanh": "relax.nn.gelu_tanh"}[act])(x)
-                ann["act"] = x
-                name += "_" + act
-            pats.append((_PREFIX + name, x, ann))
+    for res in (True, False):
+        for act in ((None,) if res else ("relu", "gelu", "gelu_tanh", "swish", None)):
+            for bias in (True, False):
+                mm = is_op("relax.matmul")(wildcard(), is_const())
+                ann = {"matmul": mm}
+                x = mm
+                name = "matmul"
+                if bias:
+                    x = is_op("relax.add")(x, is_const())
+                    ann["bias"] = x
+                    name += "_bias"
+                if act == "swish":
+                    x = _swish(x)
+                elif act:
+                    x = is_op({"relu": "relax.nn.relu", "gelu": "relax.nn.gelu",
+                               "gelu_tanh": "relax.nn.gelu_tanh"}[act])(x)
+                    ann["act"] = x
+                    name += "_" + act
+                if res:
+                    x = is_op("relax.add")(x, wildcard())
+                    ann["res"] = x
+                    name += "_res"
+                pats.append((_PREFIX + name, x, ann))
     return pats
 
 
@@ -824,6 +831,15 @@ def _check_matmul(ctx) -> bool:
             return False
     if "bias" in ann:
         if not _bias_ok(_other_operand(ann["bias"], mm, ctx), o_s[-1], len(o_s), len(o_s) - 1):
+            return False
+    if "res" in ann:
+        other = _other_operand(ann["res"], ann.get("bias", mm), ctx)
+        # A tensor of the output's own shape (the sum post-op does not broadcast), from
+        # outside the match, and not a constant (a second bias).
+        r_s = _f32_shape(other) if other is not None else None
+        if (r_s is None or len(r_s) != len(o_s) or not all(map(_same_dim, r_s, o_s))
+                or _const_array(other) is not None
+                or any(other.same_as(v) for v in ctx.matched_bindings.keys())):
             return False
     return True
 
@@ -1477,14 +1493,18 @@ class _Lower(relax.PyExprMutator):
         (mm_var, mm), rest = ops[0], ops[1:]
         args = [self._bf16(self._resolve(env, mm.args[0]), compute),
                 self._resolve(env, mm.args[1])]
-        bias = None
+        bias = residual = None
         act = ACT_NONE
         chain = mm_var
         for var, val in rest:
             name = val.op.name
             if name == "relax.add":
                 other = self._resolve(env, _other_operand(val, chain))
-                bias = relax.const(_const_array(other).reshape(-1).astype(np.float32), "float32")
+                arr = _const_array(other)
+                if bias is None and residual is None and arr is not None:
+                    bias = relax.const(arr.reshape(-1).astype(np.float32), "float32")
+                else:
+                    residual = other
             elif name == "relax.sigmoid":
                 continue  # x*sigmoid(x): the multiply that follows sets the activation
             else:
@@ -1493,7 +1513,10 @@ class _Lower(relax.PyExprMutator):
             chain = var
         if bias is not None:
             args.append(bias)
-        args.append(relax.ShapeExpr([0, int(bias is not None), act, compute]))
+        if residual is not None:
+            args.append(residual)
+        args.append(relax.ShapeExpr([0, int(bias is not None), act, compute,
+                                     int(residual is not None)]))
         return relax.call_dps_packed(MATMUL_FUNC, args, call.ty)
 
 
@@ -1654,12 +1677,13 @@ class _Bf16Outputs(relax.PyExprMutator):
 
 
 def _compute_of(call) -> int | None:
-    """The compute precision entry of a library call's attrs: attention's third, the last of a
-    conv2d / matmul / batch_matmul."""
+    """The compute precision entry of a library call's attrs: attention's third, a matmul's
+    fourth, the last of a conv2d / batch_matmul."""
     attrs = call.args[1].fields[-1]
     if not isinstance(attrs, relax.ShapeExpr) or not attrs.values:
         return None
-    entry = attrs.values[2 if str(call.args[0].global_symbol) == ATTN_FUNC else -1]
+    where = {ATTN_FUNC: 2, MATMUL_FUNC: 3}.get(str(call.args[0].global_symbol), -1)
+    entry = attrs.values[where]
     return int(entry.value) if isinstance(entry, tvm.tirx.IntImm) else None
 
 

@@ -75,7 +75,9 @@ enum ConvAttr {
   kConvLayout, kConvNHWC, kConvCompute, kConvNumAttrs
 };
 // Matmul attrs layout.
-enum MatmulAttr { kTransB, kMMHasBias, kMMAct, kMMCompute, kMMNumAttrs };
+// kMMHasRes: a tensor of the output's shape added after bias and activation (a transformer's
+// residual connection), as a sum post-op.
+enum MatmulAttr { kTransB, kMMHasBias, kMMAct, kMMCompute, kMMHasRes, kMMNumAttrs };
 // Compute precision (kConvCompute / kMMCompute). bf16: weights are converted once, fp32
 // activations to bf16 on the way in, with fp32 accumulation. Activations (and outputs) may
 // also be bf16 tensors: the type is read from each tensor, so a graph hands a bf16 call bf16
@@ -578,14 +580,16 @@ memory::dims BStrides(const memory::dims& b_dims, bool trans_b) {
 void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
   int n = args.size();
   TVM_FFI_ICHECK_GE(n, 4) << "matmul(a, b, [bias], attrs, out)";
-  std::vector<int64_t> at = WithCompute(ReadAttrs(args[n - 2]), kMMNumAttrs);
+  std::vector<int64_t> at = WithCompute(ReadAttrs(args[n - 2]), kMMNumAttrs - 1);
+  if (at.size() + 1 == kMMNumAttrs) at.push_back(0);  // attrs from before the residual
   TVM_FFI_ICHECK_EQ(at.size(), static_cast<size_t>(kMMNumAttrs)) << "bad matmul attrs";
-  bool has_bias = at[kMMHasBias] != 0, trans_b = at[kTransB] != 0;
-  TVM_FFI_ICHECK_EQ(n, 4 + has_bias) << "matmul arg count does not match attrs";
+  bool has_bias = at[kMMHasBias] != 0, trans_b = at[kTransB] != 0, has_res = at[kMMHasRes] != 0;
+  TVM_FFI_ICHECK_EQ(n, 4 + has_bias + has_res) << "matmul arg count does not match attrs";
   TensorView A = args[0].cast<TensorView>();
   TensorView B = args[1].cast<TensorView>();
-  std::optional<TensorView> bias;
+  std::optional<TensorView> bias, residual;
   if (has_bias) bias = args[2].cast<TensorView>();
+  if (has_res) residual = args[2 + has_bias].cast<TensorView>();
   TensorView out = args[n - 1].cast<TensorView>();
   dt a_t = ActType(A, "a"), out_t = ActType(out, "out");
   CheckF32Contig(B, "b");
@@ -636,6 +640,7 @@ void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
     }
     dnnl::post_ops po;
     AppendAct(&po, at[kMMAct], 0.f, 0.f);
+    if (has_res) po.append_sum(1.f);
     dnnl::primitive_attr attr;
     attr.set_post_ops(po);
     auto pd = dnnl::matmul::primitive_desc(rt.eng, e->a_md, b_any, bias_md, e->dst_md, attr);
@@ -651,10 +656,21 @@ void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
     dnnl::reorder(a_mem, e->a_buf).execute(rt.strm, a_mem, e->a_buf);
     a_mem = e->a_buf;
   }
+  memory dst(e->dst_md, rt.eng, DataPtr(out));
+  if (has_res) {
+    // The sum post-op accumulates into dst, so dst starts as the residual.
+    dt res_t = ActType(*residual, "residual");
+    TVM_FFI_ICHECK(residual->IsContiguous() && residual->numel() == out.numel())
+        << "matmul residual must be a contiguous tensor of the output's shape";
+    if (res_t != out_t) {
+      memory user_res({e->dst_md.get_dims(), res_t, PlainTag(nd)}, rt.eng, DataPtr(*residual));
+      dnnl::reorder(user_res, dst).execute(rt.strm, user_res, dst);
+    } else if (DataPtr(*residual) != DataPtr(out)) {
+      std::memcpy(DataPtr(out), DataPtr(*residual), out.numel() * TypeSize(out_t));
+    }
+  }
   std::unordered_map<int, memory> exec_args{
-      {DNNL_ARG_SRC, a_mem},
-      {DNNL_ARG_WEIGHTS, e->weights},
-      {DNNL_ARG_DST, memory(e->dst_md, rt.eng, DataPtr(out))}};
+      {DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, e->weights}, {DNNL_ARG_DST, dst}};
   if (has_bias) {
     CheckF32Contig(*bias, "bias");
     memory::dims bd(nd, 1);
