@@ -18,6 +18,15 @@ _CHILD_MASK = ("import signal; "
                "print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))")
 
 
+@pytest.fixture(autouse=True)
+def live_ctrl_c():
+    """Ctrl-C as a terminal delivers it. A test run started as a background job of a
+    non-interactive shell inherits SIGINT ignored, which CtrlC rightly keeps ignored."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def _wait_for(cond, what, timeout=10.0):
     end = time.monotonic() + timeout  # a hang guard, not a speed check
     while not cond():
