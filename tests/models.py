@@ -378,3 +378,24 @@ def qdq_depthwise_cnn(tmp_path, size=16) -> str:
     quantize_static(src, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     return out
+
+
+def conv_length_nodes():
+    """A stride-5 Conv1d of x[batch, 1, samples] into y, beside the graph computing y's length
+    again as `len` = (samples - 10) / 5 + 1 with ONNX's truncating integer Div (wav2vec2's
+    feature encoder as the dynamo exporter writes it): (nodes, initializers) to build on."""
+    c = helper.make_tensor
+    i64 = TensorProto.INT64
+    w = numpy_helper.from_array(
+        np.random.default_rng(1).standard_normal((4, 1, 10)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[10], strides=[5]),
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "two"], ["n"], axis=0),
+        helper.make_node("Sub", ["n", "ten"], ["n10"]),
+        helper.make_node("Div", ["n10", "five"], ["q"]),  # integer Div: truncating
+        helper.make_node("Add", ["q", "one"], ["len"]),
+    ]
+    inits = [w, c("two", i64, [], [2]), c("ten", i64, [], [10]), c("five", i64, [], [5]),
+             c("one", i64, [], [1])]
+    return nodes, inits

@@ -6,23 +6,17 @@ a known shape, so the reshape that follows imports."""
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto as TP, helper, numpy_helper
+from onnx import TensorProto as TP, helper
 
 from tests.harness import check_against_reference
+from tests.models import conv_length_nodes
 
 
 def test_add_of_one_length_written_two_ways_keeps_its_shape():
     c = helper.make_tensor
     i64 = TP.INT64
-    w = numpy_helper.from_array(
-        np.random.default_rng(1).standard_normal((4, 1, 10)).astype(np.float32), "w")
-    nodes = [
-        helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[10], strides=[5]),
-        helper.make_node("Shape", ["x"], ["s"]),
-        helper.make_node("Gather", ["s", "two"], ["n"], axis=0),
-        helper.make_node("Sub", ["n", "ten"], ["n10"]),
-        helper.make_node("Div", ["n10", "five"], ["q"]),  # integer Div: truncating
-        helper.make_node("Add", ["q", "one"], ["len"]),
+    nodes, inits = conv_length_nodes()
+    nodes += [
         helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
         helper.make_node("Unsqueeze", ["b", "ax"], ["b1"]),
         helper.make_node("Unsqueeze", ["len", "ax"], ["len1"]),
@@ -32,9 +26,8 @@ def test_add_of_one_length_written_two_ways_keeps_its_shape():
         helper.make_node("Add", ["y", "y2"], ["z"]),
         helper.make_node("Reshape", ["z", "flat"], ["out"]),
     ]
-    inits = [w, c("two", i64, [], [2]), c("zero", i64, [], [0]), c("ten", i64, [], [10]),
-             c("five", i64, [], [5]), c("one", i64, [], [1]), c("ax", i64, [1], [0]),
-             c("four", i64, [1], [4]), c("flat", i64, [2], [0, -1])]
+    inits += [c("zero", i64, [], [0]), c("ax", i64, [1], [0]), c("four", i64, [1], [4]),
+              c("flat", i64, [2], [0, -1])]
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", 1, "samples"])],
         [helper.make_tensor_value_info("out", TP.FLOAT, None)], inits)

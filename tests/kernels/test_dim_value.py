@@ -4,10 +4,10 @@ short an input) counts as unknown instead of failing the compile ("Divide by zer
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from onnx import TensorProto as TP, helper, numpy_helper
+from onnx import TensorProto as TP, helper
 
+from tests.models import conv_length_nodes
 
 
 def test_division_by_zero_at_the_sample_size_is_unknown():
@@ -35,22 +35,13 @@ def test_plan_of_a_reshape_by_a_length_that_is_zero_at_size_one(tmp_path):
 
     c = helper.make_tensor
     i64 = TP.INT64
-    w = numpy_helper.from_array(
-        np.random.default_rng(1).standard_normal((4, 1, 10)).astype(np.float32), "w")
-    nodes = [
-        helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[10], strides=[5]),
-        helper.make_node("Shape", ["x"], ["s"]),
-        helper.make_node("Gather", ["s", "two"], ["n"], axis=0),
-        helper.make_node("Sub", ["n", "ten"], ["n10"]),
-        helper.make_node("Div", ["n10", "five"], ["q"]),  # integer Div: truncating
-        helper.make_node("Add", ["q", "one"], ["len"]),
+    nodes, inits = conv_length_nodes()
+    nodes += [
         helper.make_node("Unsqueeze", ["len", "ax"], ["len1"]),
         helper.make_node("Concat", ["zero", "len1", "minus_one"], ["shape"], axis=0),
         helper.make_node("Reshape", ["y", "shape"], ["out"]),
     ]
-    inits = [w, c("two", i64, [], [2]), c("ten", i64, [], [10]), c("five", i64, [], [5]),
-             c("one", i64, [], [1]), c("ax", i64, [1], [0]), c("zero", i64, [1], [0]),
-             c("minus_one", i64, [1], [-1])]
+    inits += [c("ax", i64, [1], [0]), c("zero", i64, [1], [0]), c("minus_one", i64, [1], [-1])]
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", 1, "samples"])],
         [helper.make_tensor_value_info("out", TP.FLOAT, ["batch", "frames", "groups"])], inits)
