@@ -501,6 +501,18 @@ std::shared_ptr<ConvEntry> CreateConv(const TensorView& data, const TensorView& 
   return e;
 }
 
+// The sum post-op accumulates into dst, so dst starts as the residual, given as `res_md`
+// says: copied where that is dst's own layout and type, else reordered (converted) into it.
+void StartFromResidual(Runtime& rt, const memory::desc& res_md, const TensorView& residual,
+                       memory& dst) {
+  memory user_res(res_md, rt.eng, DataPtr(residual));
+  if (res_md != dst.get_desc()) {
+    dnnl::reorder(user_res, dst).execute(rt.strm, user_res, dst);
+  } else if (DataPtr(residual) != dst.get_data_handle()) {
+    std::memcpy(dst.get_data_handle(), DataPtr(residual), res_md.get_size());
+  }
+}
+
 void Conv2d(PackedArgs args, tvm::ffi::Any* rv) {
   int n = args.size();
   TVM_FFI_ICHECK_GE(n, 4) << "conv2d(data, weight, [bias], [residual], attrs, out)";
@@ -538,15 +550,9 @@ void Conv2d(PackedArgs args, tvm::ffi::Any* rv) {
   }
   if (e->reorder_dst) dst = e->dst_buf;
   if (has_res) {
-    // The sum post-op accumulates into dst, so dst starts as the residual.
     dt res_t = ActType(*residual, "residual");
-    memory::desc res_md(e->user_dst_md.get_dims(), res_t, a[kConvNHWC] ? tag::nhwc : tag::nchw);
-    memory user_res(res_md, rt.eng, DataPtr(*residual));
-    if (e->reorder_dst || res_t != out_t) {
-      dnnl::reorder(user_res, dst).execute(rt.strm, user_res, dst);
-    } else if (DataPtr(*residual) != DataPtr(out)) {
-      std::memcpy(DataPtr(out), DataPtr(*residual), out.numel() * TypeSize(out_t));
-    }
+    StartFromResidual(rt, {e->user_dst_md.get_dims(), res_t, a[kConvNHWC] ? tag::nhwc : tag::nchw},
+                      *residual, dst);
   }
   std::unordered_map<int, memory> exec_args{
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, e->weights}, {DNNL_ARG_DST, dst}};
@@ -658,16 +664,10 @@ void Matmul(PackedArgs args, tvm::ffi::Any* rv) {
   }
   memory dst(e->dst_md, rt.eng, DataPtr(out));
   if (has_res) {
-    // The sum post-op accumulates into dst, so dst starts as the residual.
     dt res_t = ActType(*residual, "residual");
     TVM_FFI_ICHECK(residual->IsContiguous() && residual->numel() == out.numel())
         << "matmul residual must be a contiguous tensor of the output's shape";
-    if (res_t != out_t) {
-      memory user_res({e->dst_md.get_dims(), res_t, PlainTag(nd)}, rt.eng, DataPtr(*residual));
-      dnnl::reorder(user_res, dst).execute(rt.strm, user_res, dst);
-    } else if (DataPtr(*residual) != DataPtr(out)) {
-      std::memcpy(DataPtr(out), DataPtr(*residual), out.numel() * TypeSize(out_t));
-    }
+    StartFromResidual(rt, {e->dst_md.get_dims(), res_t, PlainTag(nd)}, *residual, dst);
   }
   std::unordered_map<int, memory> exec_args{
       {DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, e->weights}, {DNNL_ARG_DST, dst}};
@@ -747,15 +747,9 @@ void RunQuant(QuantEntry* e, const TensorView& data, const TensorView& out,
   memory user_dst(e->user_dst_md, rt.eng, DataPtr(out));
   memory dst = e->reorder_dst ? e->dst_buf : user_dst;
   if (residual) {
-    // The sum post-op accumulates into dst, so dst starts as the residual.
     TVM_FFI_ICHECK(!e->dst_quant) << "a residual needs an fp32 output";
     CheckF32Contig(*residual, "residual");
-    memory user_res(e->user_dst_md, rt.eng, DataPtr(*residual));
-    if (e->reorder_dst) {
-      dnnl::reorder(user_res, dst).execute(rt.strm, user_res, dst);
-    } else if (DataPtr(*residual) != DataPtr(out)) {
-      std::memcpy(DataPtr(out), DataPtr(*residual), out.numel() * sizeof(float));
-    }
+    StartFromResidual(rt, e->user_dst_md, *residual, dst);
   }
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, e->weights}, {DNNL_ARG_DST, dst},
@@ -1563,6 +1557,8 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
   }
   e->kv_of.assign(e->strms.size(), -1);  // this call's k and v are not copied yet
   int copies = e->copies;
+  // elements between two columns of k (keys) as the steps read it
+  int64_t k_col = trans_k ? (copies & kSeqMajorK ? D : ld.k) : 1;
   auto work = [&](int ithr, int64_t unit) {
     int64_t b = unit / blocks, r0 = unit % blocks * e->rows;
     AttnSteps& st = std::min(e->rows, M - r0) == e->rows ? e->full : e->last;
@@ -1596,7 +1592,7 @@ void Attention(PackedArgs args, tvm::ffi::Any* rv) {
     float* scores = static_cast<float*>(e->scores[ithr].get_data_handle());
     for (const AttnPanel& p : st.panels) {
       // Column col0 of the scores is row col0 of k: (col0, 0) read transposed, else (0, col0).
-      memory km(p.k_md, rt.eng, kh + p.col0 * (trans_k ? (copies & kSeqMajorK ? D : ld.k) : 1) * cs);
+      memory km(p.k_md, rt.eng, kh + p.col0 * k_col * cs);
       if (!st.panel_cols) {
         p.qk.execute(strm, {{DNNL_ARG_SRC, qm}, {DNNL_ARG_WEIGHTS, km}, {DNNL_ARG_DST, sm},
                             {DNNL_ARG_SCRATCHPAD, pad}});
