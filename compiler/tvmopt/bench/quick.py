@@ -23,11 +23,12 @@ def latency_summary(artifact_path, model_path, runs: int = 50,
     import numpy as np
 
     from ..kernels.timing import _busy_seconds
-    from ..runtime.loader import load
+    from ..runtime.artifact import read_artifact
     from .isolated import Spec, Worker, interleaved
     from .runner import InputFactory
 
-    factory = InputFactory(load(artifact_path).inputs)
+    # the inputs from the manifest: the workers load the builds, this process need not
+    factory = InputFactory(read_artifact(artifact_path).inputs)
     feeds = factory.feeds(factory.static_batch or 1)
     threads = os.cpu_count() or 1
     specs = {"tvmopt": Spec("tvmopt", str(artifact_path))}

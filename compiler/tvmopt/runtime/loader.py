@@ -95,8 +95,8 @@ class LoadedModel:
     vm: object
     device: object
     # run(): per input, the device tensor of the last shape fed, refilled in place. Allocating
-    # a tensor per input per call costs about as much as copying into one: a tenth of a small
-    # model's call.
+    # a tensor per input per call costs about as much again as copying into one, which on a
+    # small model is a visible part of the call.
     _staging: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
