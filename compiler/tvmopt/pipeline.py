@@ -196,8 +196,10 @@ def _schedule_cpu(target, cfg):
     params = (cpu.CPUParams.from_hardware(cfg.hw) if cfg.hw is not None
               else cpu.CPUParams.from_target(target))
     rules = [guarded(r) for r in cpu.default_rules(params)]
-    # The rules pack weights through layout-rewrite blocks: fold those into the constants.
-    return [dl.ApplyDefaultSchedule(*rules), *cpu.post_schedule_passes()]
+    # The rules pack weights through layout-rewrite blocks: the params the module passes as
+    # constants (noted before), whose copies fold into the constants afterwards.
+    return [*cpu.pre_schedule_passes(), dl.ApplyDefaultSchedule(*rules),
+            *cpu.post_schedule_passes()]
 
 
 def _dlight_gpu(target, cfg):

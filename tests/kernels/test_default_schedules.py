@@ -333,6 +333,30 @@ def test_depthwise_conv_reads_its_padding_in_place():
     assert all("T.if_then_else" in s for s in convs)
 
 
+def test_only_constant_operands_are_repacked_and_an_activation_is_read_in_place():
+    """The contraction rule re-lays a weight out in blocks, a copy that folds into the
+    constant. A global average pool in NHWC looks like the same contraction (its activation
+    indexed by the reduction and the channel only); repacked, its copy ran on every call."""
+    import tvm
+
+    from tvmopt import pipeline
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("GlobalAveragePool", ["c"], ["y"])]
+    model = _model(nodes, [_vi("x", [1, 64, 12, 12])], [_vi("y", [1, 128, 1, 1])],
+                   [_const("w", (128, 64, 1, 1))])
+    feeds = {"x": RNG.standard_normal((1, 64, 12, 12)).astype("float32")}
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got, scheduled = _run(model, feeds,
+                          pipeline.PipelineConfig(dispatch="codegen", channels_last=True))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    names = [gv.name_hint for gv, f in scheduled.functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc)]
+    assert any(n.endswith("_prepacked") and "conv2d" in n for n in names), names
+    assert not any(n.endswith("_weight_prepack") for n in names), names
+
+
 def test_an_epilogue_larger_than_its_contraction_is_not_unrolled_at_the_tile():
     """Squeeze-excite's scaling unrolled under a 1x1 conv's tile was 56*56*4 copies of a sigmoid
     (EfficientNet-B0: LLVM ran for minutes); it runs as its own elementwise pass."""

@@ -668,10 +668,12 @@ class ContractionRule(_LLVMRule):
         """
         vec, width, nv, _, _ = tile
         block_n = width * nv
-        params = set()
         func = sch.mod["main"]
-        for p in func.params:
-            params.add(p.name)
+        # Only operands the module passes as constants: the copy of any other runs on every
+        # call (a global-average-pool's activation looks like a 1x1 weight to this analysis).
+        free = func.attrs.get(LAYOUT_FREE) if func.attrs is not None else None
+        consts = [func.params[int(i)] for i in free] if free is not None else func.params
+        params = {p.name for p in consts}
         reduce_vars = [it.var for it in c.reduce]
         for idx, region in enumerate(c.reads):
             buf = region.source
@@ -905,6 +907,45 @@ class RowReductionRule(_LLVMRule):
             # A reduction split this could not prove exact: rfactor drops such a guard.
             return None
         return sch
+
+
+# The PrimFunc attribute MetaSchedule's layout rewrite reads: indices of params that are
+# constants at every call site, whose re-layout can be folded at compile time.
+LAYOUT_FREE = "layout_free_buffers"
+
+
+def pre_schedule_passes():
+    """Relax passes before ApplyDefaultSchedule: note on each PrimFunc which params every
+    call site passes a constant (`LAYOUT_FREE`), the ones whose packing folds away.
+
+    Not relax.transform.AttachAttrLayoutFreeBuffers: that one renames the kernels it copies,
+    and the names are what profiles, plans and reports match on.
+    """
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmopt.MarkConstantParams")
+    def mark(mod, _ctx):
+        consts: dict = {}
+
+        def visit(expr):
+            if isinstance(expr, relax.Call) and expr.op.same_as(call_tir):
+                callee, args = expr.args[0], expr.args[1]
+                fields = args.fields if isinstance(args, relax.Tuple) else [args]
+                idx = {i for i, a in enumerate(fields) if isinstance(a, tvm.ir.expr.Constant)}
+                name = callee.name_hint
+                consts[name] = consts[name] & idx if name in consts else idx
+
+        for func in mod.functions.values():
+            if isinstance(func, relax.Function):
+                relax.analysis.post_order_visit(func, visit)
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, tirx.PrimFunc) and gv.name_hint in consts and (
+                    func.attrs is None or LAYOUT_FREE not in func.attrs):
+                mod[gv] = func.with_attr(LAYOUT_FREE, sorted(consts[gv.name_hint]))
+        return mod
+
+    return [mark]
 
 
 def post_schedule_passes():
