@@ -29,3 +29,29 @@ def test_each_call_runs_on_the_inputs_it_was_given(tmp_path):
     first = next(iter(lm.run({"x": kept}).values()))
     next(iter(lm.run({"x": kept * 3}).values()))
     np.testing.assert_array_equal(next(iter(lm.run({"x": kept}).values())), first)
+
+
+def test_outputs_are_the_callers_and_a_changed_input_is_checked_again(tmp_path):
+    import pytest
+
+    import tvmopt
+    from tvmopt.errors import ShapeError
+
+    model = tiny_mlp(str(tmp_path / "mlp.onnx"))
+    res = tvmopt.compile_model(tvmopt.CompileOptions(model=model, target="host", precision="fp32",
+                                                     output=str(tmp_path / "art")),
+                               log=lambda _s: None)
+    lm = tvmopt.load(res.artifact.path)
+    x = np.random.default_rng(1).standard_normal((2, 32)).astype(np.float32)
+    a = next(iter(lm.run({"x": x}).values()))
+    kept = a.copy()
+    a[...] = 7.0  # the caller owns the array it got: the next call neither sees nor reuses it
+    b = next(iter(lm.run({"x": x}).values()))
+    np.testing.assert_array_equal(b, kept)
+    assert not np.shares_memory(a, b)
+    # a call that passed does not let a different dtype or rank through on the next one
+    with pytest.raises(ShapeError, match="dtype"):
+        lm.run({"x": x.astype(np.float64)})
+    with pytest.raises(ShapeError, match="rank"):
+        lm.run({"x": x[0]})
+    np.testing.assert_array_equal(next(iter(lm.run({"x": x}).values())), kept)
