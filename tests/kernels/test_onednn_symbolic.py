@@ -173,6 +173,67 @@ def test_symbolic_dims_are_timed_at_their_bounds_capped_in_product():
     assert timing_dims(_func_with([2, 3]), {}) == {}
 
 
+def test_a_convolution_is_timed_at_a_batch_whose_pixels_fit_the_cap():
+    """A convolution's rows are batch x pixels: a 48x48 map is 2304 rows an image, so a
+    symbolic batch is timed at its lower bound, not at a batch of SYMBOLIC_ROWS images."""
+    from tvmopt.kernels.timing import SYMBOLIC_ROWS, timing_dims
+
+    f = _func_with(["batch", 48, 48, 16])
+    assert timing_dims(f, {}, image=True) == {"batch": 1}
+    assert timing_dims(f, {"batch": (2, 64)}, image=True) == {"batch": 2}
+    assert timing_dims(_func_with(["batch", 4, 4, 16]), {}, image=True) == {
+        "batch": SYMBOLIC_ROWS // 16}
+    assert timing_dims(f, {}) == {"batch": SYMBOLIC_ROWS}  # a dense layer's rows: batch only
+
+
+def cnn_block_model():
+    """conv3x3 + bias + ReLU6 -> depthwise 3x3 + ReLU6 -> 1x1 + the block's input: a
+    MobileNet block exported with a dynamic batch (ReLU6 as Clip, which the importer
+    spells as TE max/min calls)."""
+    lo, hi = np.array(0.0, np.float32), np.array(6.0, np.float32)
+    inits = {"W1": rand(16, 16, 3, 3) * 0.2, "B1": rand(16), "W2": rand(16, 1, 3, 3) * 0.3,
+             "B2": rand(16), "W3": rand(16, 16, 1, 1) * 0.3, "lo": lo, "hi": hi}
+    nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], kernel_shape=[3, 3],
+                              pads=[1] * 4),
+             helper.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
+             helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], kernel_shape=[3, 3],
+                              pads=[1] * 4, group=16),
+             helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"]),
+             helper.make_node("Conv", ["r2", "W3"], ["c3"], kernel_shape=[1, 1]),
+             helper.make_node("Add", ["c3", "x"], ["y"])]
+    return model(nodes, [("x", ["batch", 16, 12, 12])], inits)
+
+
+@pytest.mark.parametrize("compute", ["fp32", "bf16"])
+def test_convolutions_on_a_symbolic_batch_are_library_calls(compute):
+    import tvm
+    from tvm import relax
+
+    from tvmopt import pipeline
+    from tvmopt.kernels.dispatch import host_has_bf16
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.in_memory import host_target
+
+    if compute == "bf16" and not host_has_bf16():
+        pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
+    m = cnn_block_model()
+    target = host_target().to_tvm()
+    cfg = pipeline.PipelineConfig(dispatch="library", library_compute=(compute,))
+    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
+    text = mod.script(show_meta=False)
+    assert text.count(f'R.call_dps_packed("{od.CONV_FUNC}"') == 3
+    assert "R.call_tir" not in text  # the ReLU6s went into the calls as post-ops
+    vm = relax.VirtualMachine(pipeline.build(mod, target, cfg=cfg, start_after="dispatch"),
+                              tvm.cpu())
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    tol = 2e-2 if compute == "bf16" else 1e-4
+    for batch in (1, 3, 1):
+        x = rand(batch, 16, 12, 12)
+        ref = sess.run(None, {"x": x})[0]
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        assert np.abs(got - ref).max() / np.abs(ref).max() < tol, (batch, compute)
+
+
 def _window_rows_func():
     """A composite as Swin's window partition reaches dispatch under a symbolic batch: its
     dims read back from a run-time shape, four distinct vars all named `x` (TVM names them)."""

@@ -276,7 +276,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
 
     cache = cache or TimingCache()
     target_text = str(target)
-    dims = {k: timing_dims(groups[g[0]], bounds or {}) for k, g in by_key.items()}
+    dims = {k: timing_dims(groups[g[0]], bounds or {}, image=onednn.is_conv(groups[g[0]]))
+            for k, g in by_key.items()}
 
     def key_of(k):
         at = ",".join(f"{n}={v}" for n, v in dims[k].items())

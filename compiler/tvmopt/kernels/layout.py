@@ -75,7 +75,7 @@ class _LiftClip(relax.PyExprMutator):
         carr = _const_array(c)
         if carr is None or carr.size != 1 or carr.dtype != np.float32:
             return call
-        if _static_f32_shape(x) is None:
+        if _f32_shape(x) is None:  # static or symbolic: the reference is built on x's own type
             return call
         func = self.mod_[gv]
         for name, op in (("maximum", relax.op.maximum), ("minimum", relax.op.minimum)):

@@ -768,6 +768,20 @@ def _conv_layouts_ok(attrs) -> bool:
     return (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) in _CONV_LAYOUTS
 
 
+def _conv_act_shape(e) -> list | None:
+    """A convolution activation's 4 dims: static, but for the batch, which may be symbolic
+    (a model exported with a dynamic batch): the extension makes one primitive per batch size
+    it meets, as it does per row count for a dense layer."""
+    dims = _f32_shape(e)
+    if dims is None or len(dims) != 4 or not all(isinstance(d, int) for d in dims[1:]):
+        return None
+    return dims
+
+
+def _same_shape(x, y) -> bool:
+    return x is not None and y is not None and len(x) == len(y) and all(map(_same_dim, x, y))
+
+
 def _check_conv(ctx) -> bool:
     if _leaks(ctx):
         return False
@@ -779,8 +793,9 @@ def _check_conv(ctx) -> bool:
     if a.out_dtype not in (None, "", "float32"):
         return False
     c_axis = 1 if a.data_layout == "NCHW" else 3
-    data_s, w_s, out_s = (_static_f32_shape(e) for e in (conv.args[0], conv.args[1], conv))
-    if data_s is None or w_s is None or out_s is None or len(data_s) != 4:
+    data_s, out_s = _conv_act_shape(conv.args[0]), _conv_act_shape(conv)
+    w_s = _static_f32_shape(conv.args[1])
+    if data_s is None or w_s is None or out_s is None:
         return False
     if "bias" in ann:
         if not _bias_ok(_other_operand(ann["bias"], conv, ctx), out_s[c_axis], 4, c_axis):
@@ -793,7 +808,8 @@ def _check_conv(ctx) -> bool:
         prev = ann.get("act", ann.get("bias", conv))
         other = _other_operand(res, prev, ctx)
         # The residual must already have the output's shape: the sum post-op does not broadcast.
-        if other is None or _static_f32_shape(other) != out_s or _static_f32_shape(res) != out_s:
+        if other is None or not _same_shape(_f32_shape(other), out_s) or \
+                not _same_shape(_f32_shape(res), out_s):
             return False
         # conv -> relu -> add(relu, conv) would make the residual a value computed inside the
         # fused region, which the packed call cannot receive as an input.
@@ -1975,6 +1991,12 @@ def lower(mod: tvm.IRModule, keep=None, conv_layout: int = LAYOUT_AUTO,
         mod = tvm.ir.transform.Sequential([relax.transform.FoldConstant(),
                                            relax.transform.EliminateCommonSubexpr()])(mod)
     return relax.transform.DeadCodeElimination()(mod)
+
+
+def is_conv(func: relax.Function) -> bool:
+    """A composite around a 2-D convolution (fp32/bf16 or int8)."""
+    return any(isinstance(c, relax.Call) and isinstance(c.op, tvm.ir.Op)
+               and c.op.name == "relax.nn.conv2d" for _, c in _composite_ops(func))
 
 
 def is_quantized(func: relax.Function) -> bool:

@@ -117,7 +117,7 @@ def distinct_dim_names(func):
     return func.bind_symbolic_vars(rename) if rename else func
 
 
-def timing_dims(func, bounds: dict[str, tuple[int, int]]) -> dict[str, int]:
+def timing_dims(func, bounds: dict[str, tuple[int, int]], image: bool = False) -> dict[str, int]:
     """The value each symbolic dim of `func`'s params is timed at: its upper bound from
     `bounds` (name -> (lo, hi)), halved, largest first, while the kernel's rows exceed
     SYMBOLIC_ROWS (never below the lower bound).
@@ -126,7 +126,11 @@ def timing_dims(func, bounds: dict[str, tuple[int, int]]) -> dict[str, int]:
     input), the kernel's the most of any param or result (dims it is only passed as values
     count as one tensor's). A dim is not halved where that would leave a tensor with no rows:
     a dim read back from a run-time shape and divided (`x * (x / 4) * (x / 4) * x // 24`, a
-    window partition) would otherwise be timed empty."""
+    window partition) would otherwise be timed empty.
+
+    With `image` (a convolution), a tensor with a symbolic dim counts its static dims too, all
+    but the channels (its GEMM rows: batch x pixels): a 48x48 feature map is 2304 rows an
+    image, and a batch of SYMBOLIC_ROWS images would time a workload no deployment runs."""
     from tvm import relax, tirx
 
     names = sorted({v.name for p in func.params
@@ -136,9 +140,9 @@ def timing_dims(func, bounds: dict[str, tuple[int, int]]) -> dict[str, int]:
     tensors = [*[p.ty for p in func.params], func.ret_ty]
     tensors = [t for ty in tensors for t in (ty.fields if isinstance(ty, relax.TupleType)
                                              else [ty])]
-    symbolic = [[d for d in getattr(getattr(t, "shape", None), "values", None) or []
-                 if not hasattr(d, "value")] for t in tensors]
-    symbolic = [dims for dims in symbolic if dims]
+    shapes = [list(getattr(getattr(t, "shape", None), "values", None) or []) for t in tensors]
+    symbolic = [(dims[:-1] if image else [d for d in dims if not hasattr(d, "value")])
+                for dims in shapes if any(not hasattr(d, "value") for d in dims)]
     # Dims only passed to the kernel as values (its body shapes tensors with them) count
     # together, as one more tensor's.
     shaped = {v.name for dims in symbolic for d in dims for v in tirx.analysis.undefined_vars(d)}
