@@ -21,7 +21,8 @@ rules were not written against.
 (dynamic_axes, as transformers are deployed), compiles that file once (`--dim` bounds from
 `--seqs` and `--batches`) and times the one artifact at every `--seqs` length and batch, beside
 tvmopt's build of the same model exported with static shapes at that length
-(`tvmopt-static`) and the baselines on the dynamic file.
+(`tvmopt-static`) and the baselines on the dynamic file. `dyn:resnet18` (any other model)
+does the same with a symbolic batch only, timed at every `--batches` size.
 
 Usage:
   python tools/bench_default.py [--models resnet18,bert4l,hf:resnet50] [--batches 1,8]
@@ -347,10 +348,14 @@ def _dynamic_rows(args, full_name, out) -> list[dict]:
 
     name = full_name[len("dyn:"):]
     batches = [int(b) for b in args.batches.split(",")]
-    seqs = [int(s) for s in args.seqs.split(",")]
+    # A model without a sequence dim (a CNN) varies its batch only.
+    has_seq = name in torch_models.SEQUENCE_MODELS
+    seqs = [int(s) for s in args.seqs.split(",")] if has_seq else [None]
     path = torch_models.export_dynamic(name, str(out / "models"))
     template = {"compile_s": {}, "ms": {}, "precision": {}}
-    dims = {"batch": (1, max(batches)), "seq": (1, max(seqs))}
+    dims = {"batch": (1, max(batches))}
+    if has_seq:
+        dims["seq"] = (1, max(seqs))
     built = {}
     for runner, mode, prec in _variants(args):
         t0 = time.perf_counter()
@@ -363,18 +368,20 @@ def _dynamic_rows(args, full_name, out) -> list[dict]:
     rows = []
     for batch in batches:
         for seq in seqs:
-            static = torch_models.export_at(name, str(out / "models"), batch, seq)
+            static = (torch_models.export_at(name, str(out / "models"), batch, seq) if has_seq
+                      else torch_models.export(name, str(out / "models"), batch))
             res = tvmopt.compile_model(tvmopt.CompileOptions(
                 model=static, target=args.target, dispatch=mode, precision=prec,
                 output=str(out / "artifacts" / f"{Path(static).stem}_{mode}_{prec}")),
                 log=lambda s: None)
-            row = {**json.loads(json.dumps(template)), "model": f"{full_name} seq={seq}",
-                   "batch": batch}
+            row = {**json.loads(json.dumps(template)),
+                   "model": f"{full_name} seq={seq}" if has_seq else full_name, "batch": batch}
             specs = {**built, "tvmopt-static": Spec("tvmopt", str(res.artifact.path)),
                      **_baseline_specs(args, path, torch_models, name, batch)}
             specs.pop("torch", None)  # eager PyTorch has no export to vary: its rows are static
-            feed = {"input": torch_models.example_at(name, batch, seq).numpy()}
-            rows.append(_measure_row(args, row, specs, feed))
+            x = (torch_models.example_at(name, batch, seq) if has_seq
+                 else torch_models.example(name, batch))
+            rows.append(_measure_row(args, row, specs, {"input": x.numpy()}))
     return rows
 
 

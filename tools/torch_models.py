@@ -302,18 +302,22 @@ def example_at(name: str, batch: int, seq: int) -> torch.Tensor:
 
 
 def export_dynamic(name: str, out_dir: str) -> str:
-    """`torch.onnx.export` at opset 17 with symbolic `batch` and `seq` (dynamic_axes), as
-    transformers are normally exported; cached by file name."""
-    if name not in SEQUENCE_MODELS:
-        raise SystemExit(f"dyn:{name}: only {', '.join(SEQUENCE_MODELS)} have a sequence dim")
+    """`torch.onnx.export` at opset 17 with symbolic dims (dynamic_axes), as models are
+    normally exported: `batch` and `seq` for the token models, `batch` for the others (a
+    CNN served at several batch sizes); cached by file name."""
+    if name not in MODELS:
+        raise SystemExit(f"dyn:{name}: unknown model (choose from {', '.join(MODELS)})")
     path = os.path.join(out_dir, f"{name}_dynamic.onnx")
     if not os.path.exists(path):
         os.makedirs(out_dir, exist_ok=True)
-        axes = {0: "batch", 1: "seq"}
+        seq = name in SEQUENCE_MODELS
+        axes = {0: "batch", 1: "seq"} if seq else {0: "batch"}
+        x = example_at(name, 1, 128) if seq else example(name, 1)
         with torch.no_grad():
-            torch.onnx.export(build(name), (example_at(name, 1, 128),), path, opset_version=17,
+            torch.onnx.export(build(name), (x,), path, opset_version=17,
                               dynamo=False, input_names=["input"], output_names=["output"],
-                              dynamic_axes={"input": axes, "output": axes})
+                              dynamic_axes={"input": axes, "output": {0: "batch"} if not seq
+                                            else axes})
     return path
 
 
