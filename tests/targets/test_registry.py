@@ -73,3 +73,20 @@ def test_wider_preset_named_only_when_this_host_can_run_it(monkeypatch):
     assert registry.wider_host_preset("x86") is None
     monkeypatch.setattr(registry, "host_cpu_features", lambda: avx512 - {"avx512vnni"})
     assert registry.wider_host_preset("x86") is None  # no entry fits that CPU exactly
+
+
+def test_the_host_preset_is_the_widest_entry_this_cpu_runs(monkeypatch):
+    """What `tvmopt demo` builds for by default, and whose committed database it looks for."""
+    from tvmopt.targets import registry
+
+    monkeypatch.setattr(registry, "host_arch", lambda: "x86_64")
+    spr = set(registry.get_target("x86-sapphirerapids").features)
+    monkeypatch.setattr(registry, "host_cpu_features", lambda: spr | {"sse4_2"})
+    assert registry.host_preset().name == "x86-sapphirerapids"
+    assert registry.detect_host().description.endswith("figures from 'x86-sapphirerapids'")
+    monkeypatch.setattr(registry, "host_cpu_features", lambda: {"avx2", "fma", "sse4_2"})
+    assert registry.host_preset().name == "x86-avx2"
+    monkeypatch.setattr(registry, "host_cpu_features", lambda: {"sse4_2"})
+    assert registry.host_preset() is None  # no entry: the demo builds for 'host'
+    monkeypatch.setattr(registry, "host_arch", lambda: "riscv64")
+    assert registry.host_preset() is None

@@ -24,7 +24,10 @@ def _note_load(rows) -> None:
 
 
 @click.command()
-@options.target()
+@click.option("--target", "-t", default=None,
+              help="Target name or alias ('tvmopt targets' lists them), or 'host' [default: the "
+                   "entry of targets/ this machine matches, e.g. x86-sapphirerapids, whose "
+                   "committed tuning database the demo uses when there is one].")
 @click.option("-o", "--output", type=click.Path(), default="tvmopt-out/default.tvmopt",
               show_default=True)
 @click.option("--runs", type=int, default=200, show_default=True,
@@ -39,8 +42,16 @@ def demo(target, output, runs):
     from ..report import print_compile_result, print_latency_summary
 
     from ..models import DEFAULT
-    from ..targets.registry import get_target
+    from ..targets.registry import get_target, host_preset
     from ..tuning.database import bundled_db_dir, read_manifest
+
+    if target is None:
+        # The entry this machine matches, not 'host': a database tuned for an entry serves
+        # every machine of that kind, one tuned for 'host' only machines identical to its own.
+        preset = host_preset()
+        target = preset.name if preset is not None else "host"
+        click.echo(f"target {target}: the entry of targets/ this machine matches "
+                   "(--target to choose another)")
 
     # The committed tuning database for this model and target, replayed with the shapes it was
     # tuned at; without one, the default schedules. With one, the untuned build is made and

@@ -287,6 +287,17 @@ MATRIX_FEATURES = {
 }
 
 
+def host_preset() -> HardwareTarget | None:
+    """The database entry closest to this machine: same arch, every one of its features present
+    here, the most features (None where no entry fits). Code built for it runs here, and a
+    tuning database committed for it serves every machine of that kind."""
+    arch = host_arch()
+    feats = host_cpu_features()
+    candidates = [t for t in load_targets().values()
+                  if t.device == "cpu" and t.arch == arch and set(t.features) <= feats]
+    return max(candidates, key=lambda t: len(t.features), default=None)
+
+
 def detect_host() -> HardwareTarget:
     """Describe this machine as a target: the closest database entry, tuned to this CPU."""
     import tvm  # noqa: F401  (LLVM's host CPU name comes from TVM's LLVM)
@@ -294,11 +305,7 @@ def detect_host() -> HardwareTarget:
 
     arch = host_arch()
     feats = host_cpu_features()
-    targets = load_targets()
-    # The closest entry: same arch, all its features present here, the most features.
-    candidates = [t for t in targets.values()
-                  if t.device == "cpu" and t.arch == arch and set(t.features) <= feats]
-    base = max(candidates, key=lambda t: len(t.features), default=None)
+    base = host_preset()
     triple = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}.get(
         arch, codegen.llvm_get_system_triple())
     tvm_dict = {"kind": "llvm", "mtriple": triple, "mcpu": codegen.llvm_get_system_cpu(),
