@@ -129,11 +129,16 @@ def test_batch_major_layout(op, kw):
     ("LSTM", "reverse", [3, 1, 4]),  # each sequence reversed from its own end
     ("GRU", "bidirectional", [4, 0, 2]),  # a sequence of no steps keeps its initial state
     ("RNN", "forward", [5, 5, 5]),  # every length full: one call
+    # packed: a span per distinct length, unsorted lengths, a sequence of no steps
+    ("LSTM", "bidirectional", [4, 1, 5, 3, 5, 0]),
+    ("GRU", "reverse", [2, 5, 3, 4]),
 ])
 def test_sequence_lens(op, direction, lens, dispatch):
-    """The library groups sequences by length; the unrolled body masks: both as onnxruntime."""
+    """The library runs unequal lengths packed (a call per span between distinct lengths over
+    the sequences still running); the unrolled body masks: both as onnxruntime."""
     extra = {"linear_before_reset": 1} if op == "GRU" else {}
-    got = check(*case(op, direction, lens=lens, seed=3, **extra), dispatch=dispatch)
+    got = check(*case(op, direction, lens=lens, seed=3, batch=len(lens), **extra),
+                dispatch=dispatch)
     for b, n in enumerate(lens):
         assert not got[0][n:, :, b].any()  # rows past each sequence's end are zero
 

@@ -1677,10 +1677,9 @@ TVM_FFI_STATIC_INIT_BLOCK() {
 // reordered into the primitive's packed layout once and cached by address, as the other calls
 // do.
 //
-// sequence_lens: oneDNN has no per-sequence length, so batch entries are grouped by length and
-// each group runs its own primitive over its own steps (a reverse direction then starts at the
-// sequence's own last step, as ONNX defines); rows past a sequence's end are zero, and its
-// final states are those of its last step (zeros for a sequence of no steps, as onnxruntime). With every length equal to T this is one call.
+// sequence_lens: oneDNN has no per-sequence length, so unequal lengths run as a packed
+// sequence (RunPacked): one call per span between distinct lengths, over the sequences still
+// running. With every length equal to T this is one call.
 namespace {
 
 enum RnnAttr {
@@ -1862,6 +1861,110 @@ void RunDirectionsApart(const std::vector<int64_t>& a, int64_t T, int64_t N, int
 }
 #endif
 
+// Unequal sequence_lens, run as a packed sequence is: per direction, the sequences sorted
+// longest first; the steps between two consecutive distinct lengths run as one call over the
+// sequences still running (a prefix of that order), from the states the previous span ended
+// in, so every step is one batched GEMM over all the sequences that have it (grouping equal
+// lengths instead ran each short group as its own narrow call over all its steps). A sequence
+// that ends with a span takes that span's final states as its own; a reverse direction runs
+// forward over each sequence reversed within its own length, so it starts at the sequence's
+// own last step, as ONNX defines. Rows past a sequence's end are zero, and a sequence of no
+// steps has zero final states, as onnxruntime gives them. The two directions of a
+// bidirectional node run at the same time, one per thread, where there are two. Called with
+// g_rnn_mu held.
+void RunPacked(const std::vector<int64_t>& a, const std::vector<int64_t>& lens, int64_t T,
+               int64_t N, int64_t D, int64_t I, int64_t H, int64_t gates, int64_t bias_gates,
+               const float* wl, const float* wi, const float* bp, const float* pp,
+               int64_t wl_numel, const float* x, const float* h0, const float* c0, float* y,
+               float* yh, float* yc, bool lstm) {
+  std::vector<int64_t> order(N);
+  for (int64_t b = 0; b < N; ++b) order[b] = b;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t p, int64_t q) { return lens[p] > lens[q]; });
+  std::vector<int64_t> ends;  // distinct positive lengths, ascending
+  for (auto it = order.rbegin(); it != order.rend(); ++it)
+    if (lens[*it] > 0 && (ends.empty() || ends.back() != lens[*it])) ends.push_back(lens[*it]);
+  auto running = [&](int64_t step_end) {  // sequences with at least step_end steps
+    int64_t nb = 0;
+    while (nb < N && lens[order[nb]] >= step_end) ++nb;
+    return nb;
+  };
+  // The entries first, outside any parallel region (the cache is shared).
+  std::vector<std::vector<std::shared_ptr<RnnEntry>>> entries(D);
+  for (int64_t d = 0; d < D; ++d) {
+    std::vector<int64_t> ua = a;
+    ua[kRnnDirs] = 1;
+    ua[kRnnReverse] = 0;  // reversed inputs run left to right
+    const float* dwl = wl + d * I * gates * H;
+    const float* dwi = wi + d * H * gates * H;
+    const float* dbp = bp + d * bias_gates * H;
+    const float* dpp = pp ? pp + d * 3 * H : nullptr;
+    int64_t t0 = 0;
+    for (int64_t t1 : ends) {
+      int64_t steps = t1 - t0, nb = running(t1);
+      std::string key = MakeKey("rnn_packed", dwl, ua, {{steps, nb, I, H}, {gates, bias_gates},
+                                                        {reinterpret_cast<int64_t>(dwi),
+                                                         reinterpret_cast<int64_t>(dbp),
+                                                         reinterpret_cast<int64_t>(dpp)}});
+      entries[d].push_back(Cached(&g_rnn_cache, key, dwl, wl_numel / D, [&] {
+        return CreateRnn(ua, steps, nb, I, H, dwl, dwi, dbp, dpp, gates, bias_gates);
+      }));
+      t0 = t1;
+    }
+  }
+  std::memset(y, 0, sizeof(float) * T * D * N * H);
+  auto direction = [&](int64_t d, dnnl::stream* strm) {
+    bool rev = D == 2 ? d == 1 : a[kRnnReverse] != 0;
+    // States by position in `order`.
+    std::vector<float> h(N * H, 0.f), c(N * H, 0.f), oh(N * H), oc(N * H);
+    for (int64_t j = 0; j < N; ++j) {
+      if (h0) std::memcpy(&h[j * H], h0 + (d * N + order[j]) * H, H * sizeof(float));
+      if (c0) std::memcpy(&c[j * H], c0 + (d * N + order[j]) * H, H * sizeof(float));
+    }
+    int64_t t0 = 0;
+    for (size_t k = 0; k < ends.size(); ++k) {
+      int64_t t1 = ends[k], steps = t1 - t0, nb = running(t1);
+      auto at = [&](int64_t t, int64_t j) { return rev ? lens[order[j]] - 1 - t : t; };
+      std::vector<float> gx(steps * nb * I), gy(steps * nb * H);
+      for (int64_t s = 0; s < steps; ++s)
+        for (int64_t j = 0; j < nb; ++j)
+          std::memcpy(&gx[(s * nb + j) * I], x + (at(t0 + s, j) * N + order[j]) * I,
+                      I * sizeof(float));
+      RunRnn(entries[d][k].get(), steps, nb, 1, H, gx.data(), h.data(),
+             lstm ? c.data() : nullptr, gy.data(), oh.data(), lstm ? oc.data() : nullptr, lstm,
+             strm);
+      for (int64_t s = 0; s < steps; ++s)
+        for (int64_t j = 0; j < nb; ++j)
+          std::memcpy(y + ((at(t0 + s, j) * D + d) * N + order[j]) * H, &gy[(s * nb + j) * H],
+                      H * sizeof(float));
+      std::memcpy(h.data(), oh.data(), nb * H * sizeof(float));
+      if (lstm) std::memcpy(c.data(), oc.data(), nb * H * sizeof(float));
+      t0 = t1;
+    }
+    for (int64_t j = 0; j < N; ++j) {
+      bool empty = lens[order[j]] == 0;
+      float* dh = yh + (d * N + order[j]) * H;
+      if (empty) std::fill(dh, dh + H, 0.f); else std::memcpy(dh, &h[j * H], H * sizeof(float));
+      if (yc) {
+        float* dc = yc + (d * N + order[j]) * H;
+        if (empty) std::fill(dc, dc + H, 0.f); else std::memcpy(dc, &c[j * H], H * sizeof(float));
+      }
+    }
+  };
+#ifdef _OPENMP
+  int team = GetRuntime().num_threads > 0 ? GetRuntime().num_threads : omp_get_max_threads();
+  const char* split_env = std::getenv("TVMOPT_RNN_SPLIT_DIRECTIONS");
+  if (D == 2 && team >= 2 && (split_env == nullptr || std::atoi(split_env) != 0)) {
+    static dnnl::stream* streams[2] = {new dnnl::stream(GetRuntime().eng),
+                                       new dnnl::stream(GetRuntime().eng)};
+#pragma omp parallel num_threads(2)
+    direction(omp_get_thread_num(), streams[omp_get_thread_num()]);
+    return;
+  }
+#endif
+  for (int64_t d = 0; d < D; ++d) direction(d, nullptr);
+}
+
 void Rnn(PackedArgs args, tvm::ffi::Any* rv) {
   ApplyThreads();
   int n = args.size();
@@ -1949,54 +2052,8 @@ void Rnn(PackedArgs args, tvm::ffi::Any* rv) {
     RunRnn(e.get(), T, N, D, H, x, h0, c0, y, yh, yc, lstm);
     return;
   }
-  // Grouped by length: gather each group's rows, run it, scatter its results.
-  std::memset(y, 0, sizeof(float) * T * D * N * H);
-  std::vector<int64_t> order(N);
-  for (int64_t b = 0; b < N; ++b) order[b] = b;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t p, int64_t q) { return lens[p] > lens[q]; });
-  for (size_t g0 = 0; g0 < order.size();) {
-    size_t g1 = g0;
-    while (g1 < order.size() && lens[order[g1]] == lens[order[g0]]) ++g1;
-    int64_t steps = lens[order[g0]], nb = static_cast<int64_t>(g1 - g0);
-    std::vector<int64_t> rows(order.begin() + g0, order.begin() + g1);
-    g0 = g1;
-    auto gather_state = [&](const float* src, std::vector<float>* dst) {
-      dst->assign(D * nb * H, 0.f);
-      if (src == nullptr) return;
-      for (int64_t d = 0; d < D; ++d)
-        for (int64_t j = 0; j < nb; ++j)
-          std::memcpy(dst->data() + (d * nb + j) * H, src + (d * N + rows[j]) * H,
-                      H * sizeof(float));
-    };
-    std::vector<float> gh, gc, oh(D * nb * H), oc(D * nb * H);
-    gather_state(h0, &gh);
-    gather_state(c0, &gc);
-    if (steps > 0) {
-      std::vector<float> gx(steps * nb * I), gy(steps * D * nb * H);
-      for (int64_t t = 0; t < steps; ++t)
-        for (int64_t j = 0; j < nb; ++j)
-          std::memcpy(gx.data() + (t * nb + j) * I, x + (t * N + rows[j]) * I,
-                      I * sizeof(float));
-      auto e = entry(steps, nb);
-      RunRnn(e.get(), steps, nb, D, H, gx.data(), gh.data(), gc.data(), gy.data(), oh.data(),
-             oc.data(), lstm);
-      for (int64_t t = 0; t < steps; ++t)
-        for (int64_t d = 0; d < D; ++d)
-          for (int64_t j = 0; j < nb; ++j)
-            std::memcpy(y + ((t * D + d) * N + rows[j]) * H, gy.data() + ((t * D + d) * nb + j) * H,
-                        H * sizeof(float));
-    } else {  // no steps: zero final states, as onnxruntime gives them
-      std::fill(oh.begin(), oh.end(), 0.f);
-      std::fill(oc.begin(), oc.end(), 0.f);
-    }
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t j = 0; j < nb; ++j) {
-        std::memcpy(yh + (d * N + rows[j]) * H, oh.data() + (d * nb + j) * H, H * sizeof(float));
-        if (yc) std::memcpy(yc + (d * N + rows[j]) * H, oc.data() + (d * nb + j) * H,
-                            H * sizeof(float));
-      }
-  }
+  RunPacked(a, lens, T, N, D, I, H, gates, bias_gates, wl, wi, bp, pp, WL.numel(), x, h0, c0, y,
+            yh, yc, lstm);
 }
 
 }  // namespace
