@@ -8,14 +8,19 @@ import onnxruntime as ort
 from tests.models import tiny_mlp
 
 
-def test_each_call_runs_on_the_inputs_it_was_given(tmp_path):
+def _loaded_mlp(tmp_path):
+    """(the tiny MLP's file, its fp32 host build loaded)."""
     import tvmopt
 
     model = tiny_mlp(str(tmp_path / "mlp.onnx"))
     res = tvmopt.compile_model(tvmopt.CompileOptions(model=model, target="host", precision="fp32",
                                                      output=str(tmp_path / "art")),
                                log=lambda _s: None)
-    lm = tvmopt.load(res.artifact.path)
+    return model, tvmopt.load(res.artifact.path)
+
+
+def test_each_call_runs_on_the_inputs_it_was_given(tmp_path):
+    model, lm = _loaded_mlp(tmp_path)
     sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     # run() refills its input tensors in place: new values, a new batch size, and back again
@@ -34,14 +39,9 @@ def test_each_call_runs_on_the_inputs_it_was_given(tmp_path):
 def test_outputs_are_the_callers_and_a_changed_input_is_checked_again(tmp_path):
     import pytest
 
-    import tvmopt
     from tvmopt.errors import ShapeError
 
-    model = tiny_mlp(str(tmp_path / "mlp.onnx"))
-    res = tvmopt.compile_model(tvmopt.CompileOptions(model=model, target="host", precision="fp32",
-                                                     output=str(tmp_path / "art")),
-                               log=lambda _s: None)
-    lm = tvmopt.load(res.artifact.path)
+    _, lm = _loaded_mlp(tmp_path)
     x = np.random.default_rng(1).standard_normal((2, 32)).astype(np.float32)
     a = next(iter(lm.run({"x": x}).values()))
     kept = a.copy()
