@@ -357,6 +357,29 @@ def test_only_constant_operands_are_repacked_and_an_activation_is_read_in_place(
     assert not any(n.endswith("_weight_prepack") for n in names), names
 
 
+@pytest.mark.parametrize("op,keepdims", [("ReduceMin", 0), ("ReduceMax", 1), ("ReduceSum", 0)])
+def test_a_whole_tensor_reduction_runs_in_vector_partials_on_the_threads(op, keepdims):
+    """The min and max a dynamic quantization takes of an activation: one scalar chain
+    before (a millisecond for a 112x112x96 map); now chunks of vector partials in parallel."""
+    import tvm
+
+    from tvmopt import pipeline
+
+    shape = (1, 32, 24, 24)
+    node = helper.make_node(op, ["x"], ["y"], keepdims=keepdims)
+    model = _model([node], [_vi("x", list(shape))],
+                   [_vi("y", [1, 1, 1, 1] if keepdims else [])], [])
+    x = RNG.standard_normal(shape).astype("float32")
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got, scheduled = _run(model, {"x": x}, pipeline.PipelineConfig(dispatch="codegen"))
+    tol = 1e-5 if op == "ReduceSum" else 0  # a min or max is exact in any order
+    np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=tol, atol=tol)
+    text = "".join(f.script() for _, f in scheduled.functions_items()
+                   if isinstance(f, tvm.tirx.PrimFunc))
+    assert "_rf" in text and "T.parallel" in text and "T.vectorized" in text, text
+
+
 def test_an_epilogue_larger_than_its_contraction_is_not_unrolled_at_the_tile():
     """Squeeze-excite's scaling unrolled under a 1x1 conv's tile was 56*56*4 copies of a sigmoid
     (EfficientNet-B0: LLVM ran for minutes); it runs as its own elementwise pass."""

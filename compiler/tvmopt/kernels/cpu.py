@@ -994,6 +994,72 @@ class BoolMaskRule(_LLVMRule):
         return sch
 
 
+class FullReductionRule(_LLVMRule):
+    """A reduction of a whole tensor to one value (the min and max a dynamic quantization
+    takes of each activation), vectorized and split over the threads.
+
+    dlight reduces it as one scalar chain: every min waits for the previous one, so a
+    million-element activation took a millisecond on one core. Here the flat reduction is
+    split into `chunks` x `lanes` partial results (rfactor): each thread reduces its chunks a
+    vector at a time, and only the partials are reduced at the end. Taken only where the read
+    walks the tensor in its own order and the length splits evenly into chunks of vectors.
+    """
+
+    CHUNKS = (16, 8, 4, 2)
+    MIN_ELEMENTS = 4096  # shorter: one chain is as quick as the split
+
+    def __init__(self, params: CPUParams | None = None):
+        self.params = params
+
+    def _apply(self, func, target):
+        params = self.params or CPUParams.from_target(target)
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None or len(infos) != 1 or infos[0].is_injective():
+            return None
+        block = infos[0].block_rv
+        stmt = sch.get(block)
+        ivs = list(stmt.iter_vars)
+        red = [iv for iv in ivs if iv.iter_type == tirx.IterVar.CommReduce]
+        spatial = [iv for iv in ivs if iv.iter_type == tirx.IterVar.DataPar]
+        if not red or len(red) + len(spatial) != len(ivs):
+            return None
+        if any(_const_int(iv.dom.extent) != 1 for iv in spatial):
+            return None  # not one output value
+        exts = [_const_int(iv.dom.extent) for iv in red]
+        if any(e is None for e in exts):
+            return None
+        total = 1
+        for e in exts:
+            total *= e
+        lanes = params.lanes(str(stmt.writes[0].source.dtype))
+        # The one read is the tensor in the reduction's own order (row-major over its axes),
+        # so the fused flat index is the address and a vector of lanes is contiguous.
+        if len(stmt.reads) != 1 or total < self.MIN_ELEMENTS or lanes < 2:
+            return None
+        # (unit axes, which normalize_prim_func turns into constant indices, aside)
+        index = [rg.min for rg in stmt.reads[0].region
+                 if not (isinstance(rg.min, tirx.IntImm) and _const_int(rg.extent) == 1)]
+        if len(index) != len(red) or not all(isinstance(i, tirx.Var) and i.same_as(iv.var)
+                                             for i, iv in zip(index, red)):
+            return None
+        chunks = next((c for c in self.CHUNKS if total % (c * lanes) == 0), None)
+        if chunks is None:
+            return None
+        loops = sch.get_loops(block)
+        r = sch.fuse(*loops[-len(red):]) if len(red) > 1 else loops[-1]
+        chunk, mid, lane = sch.split(r, factors=[chunks, None, lanes])
+        sch.reorder(chunk, lane, mid)
+        rf = sch.rfactor(sch.fuse(chunk, lane), factor_axis=0)
+        outer, inner = sch.get_loops(rf)[-2:]
+        chunk, lane = sch.split(outer, factors=[chunks, lanes])
+        sch.reorder(chunk, inner, lane)
+        sch.parallel(chunk)
+        sch.vectorize(lane)
+        sch.decompose_reduction(rf, inner)
+        return sch
+
+
 def default_rules(params: CPUParams | None = None):
     """Rule order for ``dl.ApplyDefaultSchedule``: specific first, fallbacks last."""
     return [
@@ -1003,6 +1069,7 @@ def default_rules(params: CPUParams | None = None):
         PoolRule(params),
         dl_cpu.GEMV(),
         RowReductionRule(params),
+        FullReductionRule(params),
         dl_cpu.Reduction(),
         ElementwiseRule(params),
     ]
