@@ -464,6 +464,19 @@ class _LLVMRule(ScheduleRule):
         raise NotImplementedError
 
 
+class _VectorRule(_LLVMRule):
+    """A rule that reads its vector width from the target's data (CPUParams) and starts from
+    the kernel's normalized blocks."""
+
+    def __init__(self, params: CPUParams | None = None):
+        self.params = params
+
+    def _start(self, func, target):
+        """(CPUParams, a Schedule of `func`, its normalized blocks or None)."""
+        sch = s_tir.Schedule(func)
+        return self.params or CPUParams.from_target(target), sch, normalize_prim_func(sch)
+
+
 class ContractionRule(_LLVMRule):
     """Register-tiled schedule for a PrimFunc with one reduction block.
 
@@ -789,16 +802,11 @@ class PoolRule(ContractionRule):
 # ---------------------------------------------------------------------------------------
 
 
-class ElementwiseRule(_LLVMRule):
+class ElementwiseRule(_VectorRule):
     """Spatial-only PrimFuncs: inline what can be inlined, parallel outer, vector inner."""
 
-    def __init__(self, params: CPUParams | None = None):
-        self.params = params
-
     def _apply(self, func, target):
-        params = self.params or CPUParams.from_target(target)
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
+        params, sch, infos = self._start(func, target)
         if infos is None or not infos or not all(b.is_injective() for b in infos):
             return None
         outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(sch.get_sblock("root"))}
@@ -815,7 +823,7 @@ class ElementwiseRule(_LLVMRule):
 # ---------------------------------------------------------------------------------------
 
 
-class RowReductionRule(_LLVMRule):
+class RowReductionRule(_VectorRule):
     """dlight's CPU Reduction schedule, with each row's reductions vectorized.
 
     dlight sums a row into one scalar accumulator: one add after another, a chain of dependent
@@ -827,13 +835,8 @@ class RowReductionRule(_LLVMRule):
     row, several reduction axes) go to dlight's rule unchanged.
     """
 
-    def __init__(self, params: CPUParams | None = None):
-        self.params = params
-
     def _apply(self, func, target):
-        params = self.params or CPUParams.from_target(target)
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
+        params, sch, infos = self._start(func, target)
         if infos is None or len(infos) < 2 or not infos[-1].is_injective():
             return None
         kinds = [b.dom_kind() for b in infos]
@@ -994,12 +997,12 @@ class BoolMaskRule(_LLVMRule):
         return sch
 
 
-class FullReductionRule(_LLVMRule):
+class FullReductionRule(_VectorRule):
     """A reduction of a whole tensor to one value (the min and max a dynamic quantization
     takes of each activation), vectorized and split over the threads.
 
-    dlight reduces it as one scalar chain: every min waits for the previous one, so a
-    million-element activation took a millisecond on one core. Here the flat reduction is
+    dlight reduces it as one scalar chain: every min waits for the previous one, at the
+    instruction latency whatever the vector width. Here the flat reduction is
     split into `chunks` x `lanes` partial results (rfactor): each thread reduces its chunks a
     vector at a time, and only the partials are reduced at the end. Taken only where the read
     walks the tensor in its own order and the length splits evenly into chunks of vectors.
@@ -1008,13 +1011,8 @@ class FullReductionRule(_LLVMRule):
     CHUNKS = (16, 8, 4, 2)
     MIN_ELEMENTS = 4096  # shorter: one chain is as quick as the split
 
-    def __init__(self, params: CPUParams | None = None):
-        self.params = params
-
     def _apply(self, func, target):
-        params = self.params or CPUParams.from_target(target)
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
+        params, sch, infos = self._start(func, target)
         if infos is None or len(infos) != 1 or infos[0].is_injective():
             return None
         block = infos[0].block_rv

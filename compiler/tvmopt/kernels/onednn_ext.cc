@@ -1818,6 +1818,30 @@ void RunRnn(RnnEntry* e, int64_t T, int64_t N, int64_t D, int64_t H, float* x, f
   }
 }
 
+// The unidirectional primitive of direction `d` of a node with D directions (its slice of the
+// weights), running right to left when `reverse`, over `steps` steps of `batch` sequences.
+// Called with g_rnn_mu held, outside any parallel region (the cache is shared).
+std::shared_ptr<RnnEntry> DirectionEntry(const std::vector<int64_t>& a, int64_t D, int64_t d,
+                                         bool reverse, int64_t steps, int64_t batch, int64_t I,
+                                         int64_t H, int64_t gates, int64_t bias_gates,
+                                         const float* wl, const float* wi, const float* bp,
+                                         const float* pp, int64_t wl_numel) {
+  std::vector<int64_t> ua = a;
+  ua[kRnnDirs] = 1;
+  ua[kRnnReverse] = reverse;
+  const float* dwl = wl + d * I * gates * H;
+  const float* dwi = wi + d * H * gates * H;
+  const float* dbp = bp + d * bias_gates * H;
+  const float* dpp = pp ? pp + d * 3 * H : nullptr;
+  std::string key = MakeKey("rnn_dir", dwl, ua, {{steps, batch, I, H}, {gates, bias_gates},
+                                                 {reinterpret_cast<int64_t>(dwi),
+                                                  reinterpret_cast<int64_t>(dbp),
+                                                  reinterpret_cast<int64_t>(dpp)}});
+  return Cached(&g_rnn_cache, key, dwl, wl_numel / D, [&] {
+    return CreateRnn(ua, steps, batch, I, H, dwl, dwi, dbp, dpp, gates, bias_gates);
+  });
+}
+
 #ifdef _OPENMP
 // A bidirectional node as two unidirectional primitives run at the same time, one per thread
 // (oneDNN runs single-threaded inside a parallel region): the two directions are independent,
@@ -1831,22 +1855,9 @@ void RunDirectionsApart(const std::vector<int64_t>& a, int64_t T, int64_t N, int
   static dnnl::stream* streams[2] = {new dnnl::stream(GetRuntime().eng),
                                      new dnnl::stream(GetRuntime().eng)};
   std::shared_ptr<RnnEntry> ed[2];
-  for (int d = 0; d < 2; ++d) {
-    std::vector<int64_t> ua = a;
-    ua[kRnnDirs] = 1;
-    ua[kRnnReverse] = d;
-    const float* dwl = wl + d * I * gates * H;
-    const float* dwi = wi + d * H * gates * H;
-    const float* dbp = bp + d * bias_gates * H;
-    const float* dpp = pp ? pp + d * 3 * H : nullptr;
-    std::string key = MakeKey("rnn_dir", dwl, ua, {{T, N, I, H}, {gates, bias_gates},
-                                                   {reinterpret_cast<int64_t>(dwi),
-                                                    reinterpret_cast<int64_t>(dbp),
-                                                    reinterpret_cast<int64_t>(dpp)}});
-    ed[d] = Cached(&g_rnn_cache, key, dwl, wl_numel / 2, [&] {
-      return CreateRnn(ua, T, N, I, H, dwl, dwi, dbp, dpp, gates, bias_gates);
-    });
-  }
+  for (int d = 0; d < 2; ++d)
+    ed[d] = DirectionEntry(a, 2, d, d != 0, T, N, I, H, gates, bias_gates, wl, wi, bp, pp,
+                           wl_numel);
   std::vector<float> yd[2] = {std::vector<float>(T * N * H), std::vector<float>(T * N * H)};
 #pragma omp parallel num_threads(2)
   {
@@ -1892,23 +1903,11 @@ void RunPacked(const std::vector<int64_t>& a, const std::vector<int64_t>& lens, 
   // The entries first, outside any parallel region (the cache is shared).
   std::vector<std::vector<std::shared_ptr<RnnEntry>>> entries(D);
   for (int64_t d = 0; d < D; ++d) {
-    std::vector<int64_t> ua = a;
-    ua[kRnnDirs] = 1;
-    ua[kRnnReverse] = 0;  // reversed inputs run left to right
-    const float* dwl = wl + d * I * gates * H;
-    const float* dwi = wi + d * H * gates * H;
-    const float* dbp = bp + d * bias_gates * H;
-    const float* dpp = pp ? pp + d * 3 * H : nullptr;
     int64_t t0 = 0;
     for (int64_t t1 : ends) {
-      int64_t steps = t1 - t0, nb = running(t1);
-      std::string key = MakeKey("rnn_packed", dwl, ua, {{steps, nb, I, H}, {gates, bias_gates},
-                                                        {reinterpret_cast<int64_t>(dwi),
-                                                         reinterpret_cast<int64_t>(dbp),
-                                                         reinterpret_cast<int64_t>(dpp)}});
-      entries[d].push_back(Cached(&g_rnn_cache, key, dwl, wl_numel / D, [&] {
-        return CreateRnn(ua, steps, nb, I, H, dwl, dwi, dbp, dpp, gates, bias_gates);
-      }));
+      // reversed inputs run left to right
+      entries[d].push_back(DirectionEntry(a, D, d, false, t1 - t0, running(t1), I, H, gates,
+                                          bias_gates, wl, wi, bp, pp, wl_numel));
       t0 = t1;
     }
   }
