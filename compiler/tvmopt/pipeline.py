@@ -70,6 +70,9 @@ class PipelineConfig:
     # cached kernel timings are ignored and measured again (`compile --retime`).
     library_compute: tuple = ("fp32",)
     fp32_only: frozenset = frozenset()
+    # Workload key -> compute precision of the library calls a database was tuned with:
+    # `compile --require-db` builds the module it was tuned on (no timing). None: timed.
+    pinned_library: dict | None = None
     retime: bool = False
     # The targets/ entry (targets.registry.HardwareTarget) the default schedules read their
     # vector width and register count from. None: found from the TVM target (its preset,
@@ -119,12 +122,13 @@ def _precision(target, cfg):
 
 def _fast_math(target, cfg):
     from .passes.fast_math import FastMath
-    from .passes.recurrent import InlineRecurrent
+    from .passes.recurrent import LoopRecurrent
 
     # Legalizes the whole module, static or symbolic: the fast kernels must be built from the
     # same re-derived shapes as their neighbours for FuseTIR to fuse them (see the pass).
-    # Recurrent layers no library took (or no dispatch ran) become plain ops first.
-    return [InlineRecurrent, FastMath]
+    # Recurrent layers no library took (or no dispatch ran) become their loop kernels and
+    # plain ops first.
+    return [LoopRecurrent, FastMath]
 
 
 def _layout(target, cfg):

@@ -177,16 +177,51 @@ def test_unsupported_reasons():
         assert spec_of(next(iter(recurrent_functions(mod).values())))["op"] == "LSTM"
 
 
-def test_codegen_dispatch_inlines_the_body():
+def test_codegen_dispatch_runs_the_loop_kernels():
+    """Codegen: one loop kernel per direction (the time loop inside the kernel), not the
+    unrolled body's kernels per step; the body is inlined back into plain ops around them."""
+    from tvm import tirx
+
+    from tvmopt import pipeline
+    from tvmopt.passes.recurrent import recurrent_functions
+    from tvmopt.runtime.in_memory import host_target
+
     model, feeds = case("LSTM", "bidirectional")
-    mod, run, _ = build(model, dispatch="codegen")
+    mod, run, cfg = build(model, dispatch="codegen")
     assert library_calls(mod) == 0
+    fused = pipeline.optimize(mod, host_target().to_tvm(), cfg, start_after="dispatch",
+                              until="fastmath")
+    assert not recurrent_functions(fused)
+    loops = [gv.name_hint for gv, f in fused.functions.items()
+             if isinstance(f, tirx.PrimFunc) and "lstm_loop" in gv.name_hint]
+    assert len(loops) == 2, loops
     for g, e in zip(run(feeds), run_onnxruntime(model, feeds), strict=True):
         np.testing.assert_allclose(g, e, rtol=TOL, atol=TOL)
 
 
+def test_pinned_choices_skip_timing():
+    """--require-db: the library calls the database was tuned with, nothing timed (a node
+    the pinned set does not name runs as codegen)."""
+    from tvmopt.kernels.dispatch import choose_recurrent
+    from tvmopt.frontend.importer import import_onnx
+    from tvmopt.runtime.in_memory import host_target
+
+    mod = import_onnx(case("GRU", "forward")[0]).mod
+    (spec, args), = od.recurrent_sites(mod)[0].values()
+    key = od.recurrent_workload_key(spec, args)
+
+    def no_build(_m):
+        raise AssertionError("a pinned choice builds nothing to time")
+
+    for pinned, side in (({key: "fp32"}, "library"), ({}, "codegen")):
+        keep, choices = choose_recurrent(mod, host_target().to_tvm(), no_build, "ext",
+                                         pinned=pinned)
+        assert [c.choice for c in choices] == [side] and len(keep) == (side == "library")
+        assert "database" in choices[0].reason
+
+
 def test_auto_dispatch_times_both_sides(tmp_path, monkeypatch):
-    """auto: each node is timed as the library call and as the unrolled body, the faster kept,
+    """auto: each node is timed as the library call and as its loop kernels, the faster kept,
     the choice recorded with the conv2d/matmul ones and cached for the next compile."""
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path))
     model, feeds = case("GRU", "bidirectional", steps=3, linear_before_reset=1)
@@ -212,8 +247,8 @@ def test_bidirectional_directions_together_or_apart(apart, monkeypatch):
 ])
 def test_symbolic_sequence_length_on_the_library(op, kw):
     """A run-time sequence length: auto dispatch gives the node to the library (its primitive
-    takes the time dim at execution; the codegen side is an unscheduled loop, nothing to time
-    at one length), and the one build runs at several lengths and batch sizes."""
+    takes the time dim at execution; there is no one length to time both sides at), and the
+    one build runs at several lengths and batch sizes."""
     layout = kw.get("layout", 0)
     lens = kw.pop("lens", False)
     model, _ = case(op, lens=[5, 2, 5] if lens else None, **kw)

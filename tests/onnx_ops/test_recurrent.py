@@ -19,17 +19,21 @@ from tests.models import node_model
 
 # ---------------------------------------------------------------- RNN / GRU / LSTM
 
-def _recurrent_case(op, direction, layout=0, seq_lens=False, peepholes=False, seed=0, **attrs):
+def _recurrent_case(op, direction, layout=0, seq_lens=False, peepholes=False, seed=0, size=5,
+                    hidden=2, **attrs):
     rng = np.random.default_rng(seed)
-    steps, batch, size, hidden = 4, 3, 5, 2
+    steps, batch = 4, 3
     gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
     dirs = 2 if direction == "bidirectional" else 1
     x_shape = (batch, steps, size) if layout else (steps, batch, size)
     s_shape = (batch, dirs, hidden) if layout else (dirs, batch, hidden)
     f = np.float32
     feeds = {"X": rng.standard_normal(x_shape).astype(f)}
-    consts = {"W": rng.standard_normal((dirs, gates * hidden, size)).astype(f) * 0.5,
-              "R": rng.standard_normal((dirs, gates * hidden, hidden)).astype(f) * 0.5,
+    # Wider layers get weights of a trained layer's scale (1/sqrt(fan-in)): with larger ones a
+    # 64-unit recurrence is chaotic and any rounding difference grows without bound.
+    w_scale, r_scale = (0.5, 0.5) if hidden == 2 else (size ** -0.5, hidden ** -0.5)
+    consts = {"W": rng.standard_normal((dirs, gates * hidden, size)).astype(f) * w_scale,
+              "R": rng.standard_normal((dirs, gates * hidden, hidden)).astype(f) * r_scale,
               "B": rng.standard_normal((dirs, 2 * gates * hidden)).astype(f) * 0.1}
     names = ["X", "W", "R", "B", "", "initial_h"]
     if seq_lens:
@@ -100,15 +104,15 @@ def _symbolic(model, layout=0):
     return model
 
 
-def _feeds_at(op, direction, steps, batch, layout=0, lens=None, seed=0, peepholes=False):
+def _feeds_at(op, direction, steps, batch, layout=0, lens=None, seed=0, size=5, hidden=2):
     rng = np.random.default_rng(seed + steps)
     dirs = 2 if direction == "bidirectional" else 1
     f = np.float32
-    feeds = {"X": rng.standard_normal((batch, steps, 5) if layout else (steps, batch, 5))
+    feeds = {"X": rng.standard_normal((batch, steps, size) if layout else (steps, batch, size))
              .astype(f)}
     if lens is not None:
         feeds["sequence_lens"] = np.asarray(lens, np.int32)
-    s_shape = (batch, dirs, 2) if layout else (dirs, batch, 2)
+    s_shape = (batch, dirs, hidden) if layout else (dirs, batch, hidden)
     feeds["initial_h"] = rng.standard_normal(s_shape).astype(f)
     if op == "LSTM":
         feeds["initial_c"] = rng.standard_normal(s_shape).astype(f)
@@ -123,6 +127,12 @@ def _feeds_at(op, direction, steps, batch, layout=0, lens=None, seed=0, peephole
     ("LSTM", "bidirectional", {"peepholes": True, "seq_lens": True}),
     ("LSTM", "forward", {"input_forget": 1, "clip": 2.0}),  # onnx.reference ignores input_forget
     ("LSTM", "reverse", {"layout": 1}),
+    # Hidden sizes past a vector: the kernel's register-blocked matmul and vectorized gates
+    # with their ragged tails (20 units: 80 gate columns = one 64-column block + 16).
+    ("LSTM", "bidirectional", {"hidden": 20, "size": 9, "seq_lens": True, "peepholes": True}),
+    ("GRU", "forward", {"hidden": 48, "size": 7}),
+    ("GRU", "reverse", {"hidden": 37, "size": 3, "linear_before_reset": 1}),
+    ("RNN", "forward", {"hidden": 64, "size": 16}),
 ])
 def test_symbolic_sequence_length_loops_at_run_time(op, direction, kw):
     """One build (the loop kernel: --dispatch codegen) run at several lengths and batches."""
@@ -135,9 +145,12 @@ def test_symbolic_sequence_length_loops_at_run_time(op, direction, kw):
     imported = import_onnx(_symbolic(model, layout))
     exe = build_in_memory(imported.mod, None, PipelineConfig(dispatch="codegen"))
     names = [i.name for i in imported.inputs]
-    for steps, batch, lens in [(7, 2, [7, 3]), (1, 3, [1, 0, 1]), (33, 1, [20])]:
+    # Batches of one, of whole blocks of rows and with a partial block.
+    for steps, batch, lens in [(7, 2, [7, 3]), (1, 3, [1, 0, 1]), (33, 1, [20]),
+                               (5, 5, [5, 2, 0, 5, 3])]:
         feeds = _feeds_at(op, direction, steps, batch, layout,
-                          lens if kw.get("seq_lens") else None)
+                          lens if kw.get("seq_lens") else None, size=kw.get("size", 5),
+                          hidden=kw.get("hidden", 2))
         want = (ReferenceEvaluator(model).run(None, feeds) if layout
                 else run_onnxruntime(model, feeds))
         got = run_executable(exe, [feeds[n] for n in names])

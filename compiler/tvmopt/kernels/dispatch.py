@@ -220,7 +220,7 @@ def _as_bf16(arrays, idx, dev):
 
 def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | None = None,
            cache: TimingCache | None = None, compute: tuple[str, ...] = ("fp32",),
-           fp32_only=frozenset(), bounds: dict | None = None):
+           fp32_only=frozenset(), bounds: dict | None = None, pinned: dict | None = None):
     """Decide, per oneDNN group of `mod` (from onednn.partition), library or codegen, and the
     library call's compute precision.
 
@@ -238,6 +238,9 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
         fp32_only: workload keys that must stay fp32 (the accuracy gate took bf16 back).
         bounds: symbolic dim name -> (lo, hi): a kernel with symbolic dims is timed at the
             values `timing.timing_dims` picks from them (one choice for every value).
+        pinned: workload key -> compute precision of the library calls a tuning database was
+            tuned with (`compile --require-db`): those run on the library, every other
+            workload as codegen, nothing timed, so the module has the database's tasks.
 
     Returns:
         (GlobalVars to keep as library calls, GlobalVar -> compute precision of each kept one,
@@ -260,16 +263,21 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
     def allowed(k):
         return [c for c in compute if c == "fp32" or k not in fp32_only] or ["fp32"]
 
-    if force in ("library", "codegen"):
+    if force in ("library", "codegen") or pinned is not None:
         choices, keep, prec = [], set(), {}
         for k, g in by_key.items():
             quant = onednn.is_quantized(groups[g[0]])
-            c = "int8" if quant else allowed(k)[0]
-            choices.append(Choice(k, sum(len(sites.get(gv, ())) for gv in g), force, None, None,
-                                  reason=f"--dispatch {force}",
-                                  precision=c if force == "library" else "fp32",
+            if pinned is not None:
+                side = "library" if k in pinned else "codegen"
+                c = pinned.get(k) if pinned.get(k) in (*allowed(k), "int8") else allowed(k)[0]
+                why = "as the database was tuned (--require-db)"
+            else:
+                side, c, why = force, allowed(k)[0], f"--dispatch {force}"
+            c = "int8" if quant else c
+            choices.append(Choice(k, sum(len(sites.get(gv, ())) for gv in g), side, None, None,
+                                  reason=why, precision=c if side == "library" else "fp32",
                                   quantized=quant, dynamic=onednn.is_dynamic(groups[g[0]])))
-            if force == "library":
+            if side == "library":
                 keep |= set(g)
                 prec.update(dict.fromkeys(g, c))
         return keep, prec, choices
@@ -476,7 +484,8 @@ def library_passes(target, cfg, build_with, quiet) -> list:
                 ext_id=":".join(filter(None, [onednn.extension_id(), cfg.database_id])),
                 force="library" if cfg.dispatch == "library" else None,
                 cache=TimingCache(read=not cfg.retime), compute=compute,
-                fp32_only=cfg.fp32_only, bounds=_dim_bounds(mod, cfg.dim_upper_bounds))
+                fp32_only=cfg.fp32_only, bounds=_dim_bounds(mod, cfg.dim_upper_bounds),
+                pinned=cfg.pinned_library)
         untrusted = [c for c in cfg.dispatch_choices if not c.trusted]
         if untrusted:
             note(f"{len(untrusted)} kernel timing(s) taken on a busy or noisy machine were not "
@@ -519,11 +528,11 @@ def host_has_bf16() -> bool:
 # ------------------------------------------------------------------------ recurrent layers
 def _recurrent_kernel(mod, gv, spec, args, library: bool):
     """One recurrent node as a module of its own: `main` takes the node's run-time inputs
-    (weights bound in), and runs either the library call or the unrolled body."""
+    (weights bound in), and runs either the library call or the loop kernels."""
     import tvm
     from tvm import relax
 
-    from ..passes.recurrent import inline_recurrent
+    from ..passes.recurrent import loop_and_inline
     from .layout import _const_array
     from .onednn import lower_recurrent
 
@@ -533,7 +542,7 @@ def _recurrent_kernel(mod, gv, spec, args, library: bool):
     kernel = tvm.IRModule({gv: mod[gv]})
     body = relax.Function(params, relax.Call(gv, call_args), mod[gv].ret_ty)
     kernel["main"] = body.with_attr("global_symbol", "main")
-    kernel = lower_recurrent(kernel) if library else inline_recurrent(kernel)
+    kernel = lower_recurrent(kernel) if library else loop_and_inline(kernel)
     return kernel
 
 
@@ -554,8 +563,8 @@ def _recurrent_inputs(spec, kernel, rng):
 
 
 def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None = None,
-                     cache: TimingCache | None = None):
-    """Decide, per recurrent node oneDNN can run, library or codegen (the unrolled body) by
+                     cache: TimingCache | None = None, pinned: dict | None = None):
+    """Decide, per recurrent node oneDNN can run, library or codegen (the loop kernels) by
     timing both on this host, as `choose` does for conv2d/matmul chains.
 
     Returns:
@@ -570,11 +579,14 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
     keep, choices = set(), []
     if not ok:
         return keep, choices
-    if force in ("library", "codegen"):
+    if force in ("library", "codegen") or pinned is not None:
         for gv, (spec, args) in ok.items():
-            choices.append(Choice(onednn.recurrent_workload_key(spec, args), 1, force, None,
-                                  None, reason=f"--dispatch {force}"))
-            if force == "library":
+            key = onednn.recurrent_workload_key(spec, args)
+            side = force if pinned is None else "library" if key in pinned else "codegen"
+            choices.append(Choice(key, 1, side, None, None,
+                                  reason=f"--dispatch {force}" if pinned is None
+                                  else "as the database was tuned (--require-db)"))
+            if side == "library":
                 keep.add(gv)
         return keep, choices
     cache = cache or TimingCache()
@@ -585,14 +597,16 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
         for i, (gv, (spec, args)) in enumerate(ok.items()):
             key = onednn.recurrent_workload_key(spec, args)
             if not _static_steps(spec, args):
-                # The codegen side is then an unscheduled loop kernel (a serial scalar loop
-                # nest, frontend rnn_loop) and there is no one length to time both at: the
-                # library's primitive takes the time dim at execution.
+                # There is no one length to time both sides at: the library's primitive takes
+                # the time dim at execution, and its cost per step falls with length where
+                # the loop kernel's does not.
                 keep.add(gv)
                 choices.append(Choice(key, 1, "library", None, None,
                                       reason="run-time sequence length"))
                 continue
-            hit = cache.get(cache_key(key, target_text, ext_id))
+            # The codegen side's form is part of what was timed.
+            ckey = cache_key(key + "|loop-kernel", target_text, ext_id)
+            hit = cache.get(ckey)
             note, trusted, cached = "", True, hit is not None
             if hit is not None:
                 lib_ms, cg_ms = hit
@@ -612,12 +626,11 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
                 if bad:
                     note = f"not cached: {bad[0].why_untrusted()}"
                 else:
-                    cache.put(cache_key(key, target_text, ext_id), key, library_ms=lib_ms,
+                    cache.put(ckey, key, library_ms=lib_ms,
                               codegen_ms=cg_ms)
             use_lib = lib_ms < MARGIN * cg_ms
             # As for convolutions and matmuls: a timing taken under load cannot send a node
-            # the library takes to the unrolled loop, whose many small kernels per step suffer
-            # most from a busy machine.
+            # the library takes to codegen.
             held = not use_lib and not trusted
             use_lib = use_lib or held
             if use_lib:
@@ -635,13 +648,13 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
 def recurrent_passes(target, cfg, build_with, quiet) -> tuple[list, list]:
     """The passes around the conv2d/matmul dispatch, as (before, after). Before: whole LSTM / GRU / RNN nodes (the importer's
     recurrent bodies, passes.recurrent) onto oneDNN's RNN primitives where they time faster
-    than the unrolled body (`auto`) or wherever oneDNN runs them (`library`). It runs before
+    than the loop kernels (`auto`) or wherever oneDNN runs them (`library`). It runs before
     the conv2d/matmul partition, so that bodies left to codegen are inlined first and their
-    matmuls are offered to the library like any other. After: their choices join the
+    input projections are offered to the library like any other matmul. After: their choices join the
     conv2d/matmul ones in `cfg.dispatch_choices`."""
     import tvm
 
-    from ..passes.recurrent import inline_recurrent, recurrent_functions
+    from ..passes.recurrent import loop_and_inline, recurrent_functions
 
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.DispatchRecurrent")
     def dispatch(mod, ctx):
@@ -652,19 +665,19 @@ def recurrent_passes(target, cfg, build_with, quiet) -> tuple[list, list]:
         if not recurrent_functions(mod):
             return mod
         if platform.machine().lower() not in ("x86_64", "amd64"):
-            return inline_recurrent(mod)  # the conv2d/matmul pass notes why
+            return loop_and_inline(mod)  # the conv2d/matmul pass notes why
         try:
             onednn.load_extension()
         except Exception:  # noqa: BLE001 - the conv2d/matmul pass notes the missing library
-            return inline_recurrent(mod)
+            return loop_and_inline(mod)
         with quiet():
             keep, choices = choose_recurrent(
                 mod, target, build_codegen=lambda m: build_with(m),
                 ext_id=onednn.extension_id(),
                 force="library" if cfg.dispatch == "library" else None,
-                cache=TimingCache(read=not cfg.retime))
+                cache=TimingCache(read=not cfg.retime), pinned=cfg.pinned_library)
         found.extend(choices)
-        return inline_recurrent(onednn.lower_recurrent(mod, keep))
+        return loop_and_inline(onednn.lower_recurrent(mod, keep))
 
     @tvm.transform.module_pass(opt_level=0, name="tvmopt.ReportRecurrent")
     def report(mod, ctx):

@@ -4,8 +4,10 @@ The ONNX importer emits an LSTM / GRU / RNN node that a library can run whole (o
 primitives) as a call of a private Relax function: its body is the unrolled recurrence (the
 input projection of every step hoisted into one matmul, then the steps), its `RECURRENT_ATTR`
 attribute the node's description as JSON. The dispatch phase either replaces the call with the
-library's (kernels.onednn.lower_recurrent) or leaves it; `InlineRecurrent` then puts every body
-that is left back into its caller, so the rest of the pipeline sees plain ops.
+library's (kernels.onednn.lower_recurrent) or leaves it; on CPUs `LoopRecurrent` rebuilds each
+body that is left as loop kernels (frontend rnn_loop: the time loop inside one kernel per
+direction, where the unrolled body calls a few kernels per step); `InlineRecurrent` then puts
+every body back into its caller, so the rest of the pipeline sees plain ops.
 
 A body over a run-time sequence length (a loop kernel, frontend rnn_loop; its spec says
 "loop") stays a function of its own: it calls the kernel with output shapes in its parameters'
@@ -53,6 +55,30 @@ def inline_recurrent(mod: tvm.IRModule, keep=()) -> tvm.IRModule:
     for gv in bodies:
         del mod[gv]
     return mod
+
+
+def loop_recurrent(mod: tvm.IRModule) -> tvm.IRModule:
+    """Every unrolled recurrent body rebuilt as its loop kernels (CPU targets: the kernels are
+    scheduled for CPUs, threads over blocks of batch rows)."""
+    from ..frontend.onnx_ops.rnn import looped_form
+
+    for gv, func in recurrent_functions(mod).items():
+        if not spec_of(func).get("loop"):
+            mod = looped_form(mod, gv)
+    return mod
+
+
+def loop_and_inline(mod: tvm.IRModule) -> tvm.IRModule:
+    """loop_recurrent, then inline_recurrent, then the weight slices and transposes the loop
+    form takes of its (now inlined, constant) weights folded into constants."""
+    looped = any(not spec_of(f).get("loop") for f in recurrent_functions(mod).values())
+    mod = inline_recurrent(loop_recurrent(mod))
+    return relax.transform.FoldConstant()(mod) if looped else mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmopt.LoopRecurrent")
+def LoopRecurrent(mod, _ctx):  # noqa: N802 - a pass, named like TVM's
+    return loop_and_inline(mod)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvmopt.InlineRecurrent")

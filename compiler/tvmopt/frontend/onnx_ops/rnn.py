@@ -346,15 +346,20 @@ def _looped(op: str, module_bb, bb, inputs, attr):
         return bb.emit(relax.op.squeeze(relax.op.strided_slice(t, [0], [d], [d + 1]), [0]))
 
     y_dirs, h_last, c_last = [], [], []
+    size = bb.normalize(x).ty.shape.values[2]
+    # The projection as one 2-D matmul over all steps and rows (a 3-D one is a batch of
+    # small matmuls to the default schedules), reshaped back to [T, B, G*H].
+    rows = bb.emit(relax.op.reshape(x, relax.ShapeExpr([steps * batch, size])))
     for d in range(num_dirs):
-        xw = relax.op.matmul(x, relax.op.permute_dims(take(w, d)))  # [T, B, G*H]
+        xw = relax.op.matmul(rows, relax.op.permute_dims(take(w, d)))
         if b is not None:
             wb, rb = _split(bb, take(b, d), 2, axis=0)
             xw = relax.op.add(xw, wb)
         else:
             rb = relax.op.zeros(relax.ShapeExpr([gates * hidden]), dtype)
+        xw = relax.op.reshape(xw, relax.ShapeExpr([steps, batch, gates * hidden]))
         zeros = relax.op.zeros(relax.ShapeExpr([batch, hidden]), dtype)
-        args = [bb.emit(xw), take(r, d), bb.normalize(rb),
+        args = [bb.emit(xw), bb.emit(relax.op.permute_dims(take(r, d))), bb.normalize(rb),
                 take(h0, d) if h0 is not None else bb.emit(zeros)]
         if op == "LSTM":
             args.append(take(c0, d) if c0 is not None else bb.emit(zeros))
@@ -378,6 +383,36 @@ def _looped(op: str, module_bb, bb, inputs, attr):
         if op == "LSTM":
             c_last.append(bb.emit(relax.TupleGetItem(res, 2)))
     return _outputs(op, bb, layout, y_dirs, h_last, c_last)
+
+
+def looped_form(mod, gv):
+    """`mod` with the recurrent body `gv` (a static-length one, unrolled) rebuilt as its loop
+    kernels, the form a symbolic length gets: one kernel call per direction instead of a few
+    per step. Its description is unchanged (it still computes the node)."""
+    import json
+
+    from tvm import relax
+
+    from ...passes.recurrent import RECURRENT_ATTR
+
+    func = mod[gv]
+    spec = json.loads(str(func.attrs[RECURRENT_ATTR]))
+    op = spec["op"]
+    module_bb = relax.BlockBuilder(mod)
+    inner = relax.BlockBuilder()
+    params = [relax.Var(p.name, p.ty) for p in func.params]
+    positional = [None] * 8
+    for name, v in zip(spec["inputs"], params, strict=True):
+        positional[_INPUTS.index(name)] = v
+    with inner.function(op.lower(), params, private=True):
+        with inner.dataflow():
+            out = inner.emit_output(_looped(op, module_bb, inner, positional,
+                                            dict(spec["attrs"])))
+        inner.emit_func_output(out)
+    new = module_bb.get()
+    new[gv] = inner.get()[op.lower()].with_attr(RECURRENT_ATTR,
+                                                str(func.attrs[RECURRENT_ATTR]))
+    return new
 
 
 def _make(op: str):
