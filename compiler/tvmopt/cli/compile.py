@@ -34,7 +34,10 @@ from . import options
                    "the new timings).")
 @click.option("--db", type=click.Path(file_okay=False),
               help="Replay this tuning database (from `tvmopt tune`).")
-@click.option("--require-db", is_flag=True, help="Fail if --db misses any task.")
+@click.option("--require-db", is_flag=True,
+              help="Fail if --db misses any task; each kernel goes to the library or to "
+                   "codegen as it did when the database was tuned (no timing), so the module "
+                   "has the database's tasks.")
 @options.dispatch()
 @options.allow_newer_opset()
 @click.option("--bundle", is_flag=True,

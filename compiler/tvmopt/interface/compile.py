@@ -97,6 +97,21 @@ class CompileResult:
     gate: object | None = None  # interface.gate.GateRecord when a lower precision was checked
 
 
+def _pinned_library(manifest: dict | None, opts) -> dict | None:
+    """The library calls the database was tuned with, for `--require-db`: which kernels go
+    to the library is timed on the build host, and a host that times one differently builds a
+    module with other tasks than the database has (a convolution on oneDNN there is a tuned
+    task here). Replaying exactly is what --require-db asks, so its choices are taken as
+    recorded. None: choose by timing (no --require-db, another dispatch mode, or a database
+    that did not record them)."""
+    manifest = manifest or {}
+    if not opts.require_db or opts.dispatch != "auto" or manifest.get("dispatch") != "auto" \
+            or "library_kernels" not in manifest:
+        return None
+    precisions = manifest.get("library_precisions") or {}
+    return {k: precisions.get(k, "fp32") for k in manifest["library_kernels"]}
+
+
 def _dumper(folder: str | None):
     if not folder:
         return None
@@ -190,6 +205,7 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
         """Front half, plan, database replay and build under `cfg`: (plan, replay, executable)."""
         if loaded is not None:
             cfg.database, cfg.database_id = loaded.db, loaded.sha256
+            cfg.pinned_library = _pinned_library(loaded.manifest, opts)
         # Front half, then the plan of its fp32 kernels: the roofline picks the precision per
         # target (and the library kernels' timing, which ran in the front half, the precision
         # of each library call).

@@ -649,6 +649,8 @@ def _write_manifest(folder: Path, hw, target, opts: TuneOptions, model_sha: str,
         # (tvmopt.front): compile compares them with its own.
         "pipeline": popts,
         "library_kernels": sorted({c.kernel for c in choices if c.choice == "library"}),
+        "library_precisions": {c.kernel: c.precision for c in sorted(
+            choices, key=lambda c: c.kernel) if c.choice == "library"},
         "search": {"strategy": "evolutionary", "population": opts.population,
                    "cost_model": "xgb", "task_scheduler": "gradient",
                    "initial": "default schedules (tuning/seed.py)"},
