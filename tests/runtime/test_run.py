@@ -55,3 +55,24 @@ def test_outputs_are_the_callers_and_a_changed_input_is_checked_again(tmp_path):
     with pytest.raises(ShapeError, match="rank"):
         lm.run({"x": x[0]})
     np.testing.assert_array_equal(next(iter(lm.run({"x": x}).values())), kept)
+
+
+def test_load_runs_tvm_kernels_on_every_core(tmp_path):
+    """Without TVM_NUM_THREADS, TVM's pool would take half the logical CPUs (one thread on a
+    2-vCPU machine); load() sets every core, as the compile-time timing assumed, and an
+    explicit setting wins."""
+    import os
+    import subprocess
+    import sys
+
+    _loaded_mlp(tmp_path)
+    code = ("import os, tvmopt.runtime.loader as l; l.load(%r); "
+            "print(os.environ['TVM_NUM_THREADS'])" % str(tmp_path / "art"))
+    env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+
+    def threads(environ):
+        return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True,
+                              text=True, check=True).stdout.split()[-1]
+
+    assert threads(env) == str(os.cpu_count())
+    assert threads({**env, "TVM_NUM_THREADS": "1"}) == "1"

@@ -614,6 +614,11 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
                 sides = {}
                 for side, library in (("library", True), ("codegen", False)):
                     kernel = _recurrent_kernel(mod, gv, spec, args, library)
+                    if not library:
+                        # The loop kernels' input projection is a big matmul that the
+                        # conv2d/matmul dispatch after this one offers to oneDNN like any
+                        # other: timed on it, the side is timed as it will mostly run.
+                        kernel = onednn.lower(onednn.partition(kernel, conv=False))
                     exe = _loaded_like_an_artifact(build_codegen(kernel), tmp, f"{side}{i}.so")
                     vm = relax.VirtualMachine(exe, dev)
                     inputs = [tvm.runtime.tensor(a, dev)
@@ -646,12 +651,14 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
 
 
 def recurrent_passes(target, cfg, build_with, quiet) -> tuple[list, list]:
-    """The passes around the conv2d/matmul dispatch, as (before, after). Before: whole LSTM / GRU / RNN nodes (the importer's
-    recurrent bodies, passes.recurrent) onto oneDNN's RNN primitives where they time faster
-    than the loop kernels (`auto`) or wherever oneDNN runs them (`library`). It runs before
-    the conv2d/matmul partition, so that bodies left to codegen are inlined first and their
-    input projections are offered to the library like any other matmul. After: their choices join the
-    conv2d/matmul ones in `cfg.dispatch_choices`."""
+    """The passes around the conv2d/matmul dispatch, as (before, after).
+
+    Before: whole LSTM / GRU / RNN nodes (the importer's recurrent bodies, passes.recurrent)
+    onto oneDNN's RNN primitives where they time faster than the loop kernels (`auto`) or
+    wherever oneDNN runs them (`library`), the others to their loop kernels. It runs before the
+    conv2d/matmul partition, so that bodies left to codegen are inlined first and their input
+    projections are offered to the library like any other matmul. After: their choices join
+    the conv2d/matmul ones in `cfg.dispatch_choices`."""
     import tvm
 
     from ..passes.recurrent import loop_and_inline, recurrent_functions

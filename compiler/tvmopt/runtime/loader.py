@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -223,6 +225,12 @@ def load(path, check_host: bool = True) -> LoadedModel:
     stage.enter("artifact load", str(path))
     art = read_artifact(path)
     t = art.manifest["target"]
+    if t["device"] == "cpu":
+        # TVM's pool takes half the logical CPUs when TVM_NUM_THREADS is unset (it takes
+        # every x86 core for two hyper-threads): one thread on a 2-vCPU machine. Every core
+        # is what the compile-time kernel timing assumed (kernels.timing.threads); an explicit
+        # TVM_NUM_THREADS, or a pool already started in this process, wins.
+        os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     if check_host:
         check_host_can_run(t["device"], t["arch"], t.get("features", []))
     _load_required_libraries(art)

@@ -24,9 +24,11 @@ from __future__ import annotations
 import re
 
 # Float32 lanes of one vector of the micro-kernel (AVX-512's width; narrower ISAs split it),
-# vectors of gate columns per reduction step, and batch rows per block.
+# vectors of gate columns per reduction step, and batch rows per block. Rows x vectors
+# accumulators stay few: LLVM keeps the fast-math constants of the gate loop in registers
+# across the whole step, and with 2 x 4 accumulators the reduction spilled to the stack.
 _LANES = 16
-_CHUNKS = 4
+_CHUNKS = 2
 _ROWS = 2
 
 # A pre-activation as TIR text -> its activation, with the ONNX alpha / beta (names resolved
