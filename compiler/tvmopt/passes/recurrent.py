@@ -23,7 +23,7 @@ import json
 import tvm
 from tvm import relax
 
-RECURRENT_ATTR = "tvmopt.recurrent"
+from ..frontend.onnx_ops.rnn import RECURRENT_ATTR
 
 
 def recurrent_functions(mod: tvm.IRModule) -> dict:

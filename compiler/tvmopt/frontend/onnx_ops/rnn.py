@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from . import register
 
+# The attribute of a recurrent body that describes its node (JSON): the format this module
+# writes and passes.recurrent reads.
+RECURRENT_ATTR = "tvmopt.recurrent"
+
 # Gates per op, in ONNX weight order; default activations per direction.
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 _DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
@@ -202,8 +206,6 @@ def _convert(op: str, bb, inputs, attr):
     import json
 
     from tvm import relax
-
-    from ...passes.recurrent import RECURRENT_ATTR
 
     inputs = (list(inputs) + [None] * 8)[:8]
     if op != "LSTM":
@@ -392,8 +394,6 @@ def looped_form(mod, gv):
     import json
 
     from tvm import relax
-
-    from ...passes.recurrent import RECURRENT_ATTR
 
     func = mod[gv]
     spec = json.loads(str(func.attrs[RECURRENT_ATTR]))
