@@ -269,7 +269,7 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
             quant = onednn.is_quantized(groups[g[0]])
             if pinned is not None:
                 side = "library" if k in pinned else "codegen"
-                c = pinned.get(k) if pinned.get(k) in (*allowed(k), "int8") else allowed(k)[0]
+                c = pinned[k] if pinned.get(k) in allowed(k) else allowed(k)[0]
                 why = "as the database was tuned (--require-db)"
             else:
                 side, c, why = force, allowed(k)[0], f"--dispatch {force}"
@@ -528,13 +528,16 @@ def host_has_bf16() -> bool:
 # ------------------------------------------------------------------------ recurrent layers
 def _recurrent_kernel(mod, gv, spec, args, library: bool):
     """One recurrent node as a module of its own: `main` takes the node's run-time inputs
-    (weights bound in), and runs either the library call or the loop kernels."""
+    (weights bound in), and runs either the library call or the loop kernels. The loop
+    kernels' input projection is a big matmul that the conv2d/matmul dispatch after this one
+    offers to oneDNN like any other: it is on oneDNN here too, so the side is timed as it will
+    mostly run."""
     import tvm
     from tvm import relax
 
     from ..passes.recurrent import loop_and_inline
     from .layout import _const_array
-    from .onednn import lower_recurrent
+    from .onednn import lower, lower_recurrent, partition
 
     params = [relax.Var(f"in{i}", a.ty) for i, a in enumerate(args) if _const_array(a) is None]
     it = iter(params)
@@ -542,8 +545,9 @@ def _recurrent_kernel(mod, gv, spec, args, library: bool):
     kernel = tvm.IRModule({gv: mod[gv]})
     body = relax.Function(params, relax.Call(gv, call_args), mod[gv].ret_ty)
     kernel["main"] = body.with_attr("global_symbol", "main")
-    kernel = lower_recurrent(kernel) if library else loop_and_inline(kernel)
-    return kernel
+    if library:
+        return lower_recurrent(kernel)
+    return lower(partition(loop_and_inline(kernel), conv=False))
 
 
 def _static_steps(spec, args) -> bool:
@@ -614,11 +618,6 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
                 sides = {}
                 for side, library in (("library", True), ("codegen", False)):
                     kernel = _recurrent_kernel(mod, gv, spec, args, library)
-                    if not library:
-                        # The loop kernels' input projection is a big matmul that the
-                        # conv2d/matmul dispatch after this one offers to oneDNN like any
-                        # other: timed on it, the side is timed as it will mostly run.
-                        kernel = onednn.lower(onednn.partition(kernel, conv=False))
                     exe = _loaded_like_an_artifact(build_codegen(kernel), tmp, f"{side}{i}.so")
                     vm = relax.VirtualMachine(exe, dev)
                     inputs = [tvm.runtime.tensor(a, dev)
@@ -631,8 +630,7 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
                 if bad:
                     note = f"not cached: {bad[0].why_untrusted()}"
                 else:
-                    cache.put(ckey, key, library_ms=lib_ms,
-                              codegen_ms=cg_ms)
+                    cache.put(ckey, key, library_ms=lib_ms, codegen_ms=cg_ms)
             use_lib = lib_ms < MARGIN * cg_ms
             # As for convolutions and matmuls: a timing taken under load cannot send a node
             # the library takes to codegen.

@@ -4,9 +4,10 @@ The input projection of all steps stays one Relax matmul (x @ W^T + Wb over [T, 
 the unrolled form); the loop over time is a TIR kernel whose step does the recurrent matmul
 (h @ R^T + Rb), the gates and the state update, with the ONNX node's activations, clip,
 peepholes, input_forget, linear_before_reset and sequence_lens masking (held state past a
-sequence's end, zero Y rows, zero final states for a sequence of no steps). It serves a
-symbolic sequence length (which cannot be unrolled) and, on CPUs, any node where it times
-faster than the unrolled body (one kernel call for the whole node instead of a few per step).
+sequence's end, zero Y rows, zero final states for a sequence of no steps). On CPUs it is what
+runs every node no library takes (passes.recurrent.LoopRecurrent): one kernel call for the
+whole node instead of the unrolled body's few per step, and the only form a symbolic sequence
+length has.
 
 The kernel is written scheduled, for CPUs:
 - batch rows are independent recurrences, so blocks of rows run on the threads, each block
@@ -32,7 +33,7 @@ _CHUNKS = 2
 _ROWS = 2
 
 # A pre-activation as TIR text -> its activation, with the ONNX alpha / beta (names resolved
-# by rnn._activation_specs). The argument is always a let-bound variable, so it may repeat.
+# by rnn._activation_specs). The argument is always a meta-variable name, so it may repeat.
 # tanh_ / sigmoid_ / exp_ are the vectorizable forms for float32 and TIR's own otherwise.
 _TIR_ACTS = {
     "Tanh": "tanh_({x})",
@@ -292,25 +293,25 @@ def loop_kernel(op: str, hidden: int, dtype: str, acts, *, reverse: bool, clip=N
         body.line(d, "for t in range(steps):")
         d += 1
         step_start = len(body.lines)
+        def per_row(emit) -> None:  # emit over the units of each of the nr rows (as b)
+            body.line(d, f"for r in range({i64(nr)}):")
+            start = len(body.lines)
+            per_unit(d + 1, emit)
+            body.bind(start, "b", f"{base} + r")
+
         if op == "GRU" and not linear_before_reset:
             # z and r first; the candidate's recurrence multiplies r * h before its matmul.
             matmul(d, base, nr, 0, 2 * H, "yh[{b}, {k}]")
-            body.line(d, f"for r in range({i64(nr)}):")
 
             def reset(dd):
                 r_gate = body.act(dd, 0, pre(1))
                 body.line(dd, f"g[b, j + {i64(GH)}] = {r_gate} * yh[b, j]")
 
-            start = len(body.lines)
-            per_unit(d + 1, reset)
-            body.bind(start, "b", f"{base} + r")
+            per_row(reset)
             matmul(d, base, nr, 2 * H, 3 * H, "g[{b}, {k} + " + i64(GH) + "]")
         else:
             matmul(d, base, nr, 0, GH, "yh[{b}, {k}]")
-        body.line(d, f"for r in range({i64(nr)}):")
-        start = len(body.lines)
-        per_unit(d + 1, gate_update)
-        body.bind(start, "b", f"{base} + r")
+        per_row(gate_update)
         body.bind(step_start, "tt", "steps - T.int64(1) - t" if reverse else "t")
 
     # A full block keeps all its rows' accumulators in registers; the last, partial block
