@@ -121,6 +121,8 @@ def _feeds_at(op, direction, steps, batch, layout=0, lens=None, seed=0, size=5, 
 
 @pytest.mark.parametrize("op,direction,kw", [
     ("RNN", "reverse", {"activations": ["Relu"]}),
+    # The directions of one kernel with activations of their own.
+    ("RNN", "bidirectional", {"activations": ["Relu", "Tanh"]}),
     ("GRU", "forward", {"activations": ["HardSigmoid", "Softsign"], "activation_alpha": [0.3],
                         "activation_beta": [0.4], "clip": 1.5}),
     ("GRU", "bidirectional", {"linear_before_reset": 1, "layout": 1}),
@@ -156,3 +158,20 @@ def test_symbolic_sequence_length_loops_at_run_time(op, direction, kw):
         got = run_executable(exe, [feeds[n] for n in names])
         for g, e in zip(got, want, strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op,direction,kw", [
+    ("LSTM", "bidirectional", {"hidden": 16, "size": 9, "seq_lens": True, "peepholes": True}),
+    ("GRU", "reverse", {"hidden": 32, "size": 5, "seq_lens": True}),
+    ("GRU", "bidirectional", {"hidden": 16, "size": 3, "linear_before_reset": 1, "layout": 1}),
+    ("RNN", "forward", {"hidden": 16, "size": 4, "activations": ["Relu"]}),
+])
+def test_loop_kernel_split_over_hidden_units(op, direction, kw, monkeypatch):
+    """The form for a large R (hidden units split across the threads at every step, the state
+    alternating between two buffers), forced on small cases: the same results at every
+    length and batch (rows in whole and partial blocks, sequences that end early or have no
+    steps)."""
+    from tvmopt.frontend.onnx_ops import rnn_loop
+
+    monkeypatch.setattr(rnn_loop, "_SPLIT_MIN", 0)
+    test_symbolic_sequence_length_loops_at_run_time(op, direction, kw)

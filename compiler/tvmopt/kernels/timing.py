@@ -65,11 +65,13 @@ def threads() -> str:
 @functools.lru_cache(maxsize=1)
 def codegen_id() -> str:
     """A hash of the code that decides what the codegen side compiles to (the default
-    schedules, the pipeline, its passes): a timing measured before they changed is stale."""
+    schedules, the pipeline, its passes, the recurrent loop kernels): a timing measured before
+    they changed is stale."""
     pkg = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
     for f in sorted([*pkg.joinpath("kernels").glob("*.py"), pkg / "pipeline.py",
-                     *pkg.joinpath("passes").glob("*.py")]):
+                     *pkg.joinpath("passes").glob("*.py"),
+                     pkg / "frontend" / "onnx_ops" / "rnn_loop.py"]):
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
 

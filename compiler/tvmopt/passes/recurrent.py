@@ -5,8 +5,8 @@ primitives) as a call of a private Relax function: its body is the unrolled recu
 input projection of every step hoisted into one matmul, then the steps), its `RECURRENT_ATTR`
 attribute the node's description as JSON. The dispatch phase either replaces the call with the
 library's (kernels.onednn.lower_recurrent) or leaves it; on CPUs `LoopRecurrent` rebuilds each
-body that is left as loop kernels (frontend rnn_loop: the time loop inside one kernel per
-direction, where the unrolled body calls a few kernels per step); `InlineRecurrent` then puts
+body that is left as loop kernels (frontend rnn_loop: the time loop inside one kernel for all
+directions, where the unrolled body calls a few kernels per step); `InlineRecurrent` then puts
 every body back into its caller, so the rest of the pipeline sees plain ops.
 
 A body over a run-time sequence length (a loop kernel, frontend rnn_loop; its spec says

@@ -262,14 +262,11 @@ def _operands(op: str, bb, inputs, attr):
             attr)
 
 
-def _outputs(op: str, bb, layout, y_dirs, h_last, c_last):
-    """Y [T, D, B, H], Y_h [D, B, H] (and Y_c for LSTM) from the per-direction results, in the
-    node's layout."""
+def _outputs(op: str, bb, layout, y, y_h, y_c=None):
+    """Y [T, D, B, H], Y_h [D, B, H] (and Y_c for LSTM) in the node's layout."""
     from tvm import relax
 
-    outs = [bb.emit(relax.op.stack(y_dirs, axis=1)), bb.emit(relax.op.stack(h_last, axis=0))]
-    if op == "LSTM":
-        outs.append(bb.emit(relax.op.stack(c_last, axis=0)))
+    outs = [y, y_h] + ([y_c] if op == "LSTM" else [])
     if layout:
         outs[0] = relax.op.permute_dims(outs[0], [2, 0, 1, 3])  # [B, T, D, H]
         outs[1:] = [relax.op.permute_dims(o, [1, 0, 2]) for o in outs[1:]]
@@ -326,13 +323,16 @@ def _unrolled(op: str, bb, inputs, attr):
                 cell = bb.emit(relax.op.where(ended, cell, relax.const(0.0, dtype)))
         h_last.append(h)
         c_last.append(cell)
-    return _outputs(op, bb, layout, y_dirs, h_last, c_last)
+    y = bb.emit(relax.op.stack(y_dirs, axis=1))
+    y_h = bb.emit(relax.op.stack(h_last, axis=0))
+    y_c = bb.emit(relax.op.stack(c_last, axis=0)) if op == "LSTM" else None
+    return _outputs(op, bb, layout, y, y_h, y_c)
 
 
 def _looped(op: str, module_bb, bb, inputs, attr):
-    """The node with a run-time sequence length: per direction the input projection of all
-    steps as one matmul, then one loop kernel over time (rnn_loop). `module_bb` receives the
-    kernels (the body's own builder `bb` is a private function's)."""
+    """The node with a run-time sequence length: the input projection of all steps and
+    directions as one matmul, then one loop kernel over time for all directions (rnn_loop).
+    `module_bb` receives the kernel (the body's own builder `bb` is a private function's)."""
     from tvm import relax
 
     from .rnn_loop import loop_kernel
@@ -342,54 +342,48 @@ def _looped(op: str, module_bb, bb, inputs, attr):
     steps, batch = bb.normalize(x).ty.shape.values[:2]
     acts = _activation_specs(op, attr, num_dirs)
     lens = None if seq_lens is None else bb.emit(relax.op.astype(seq_lens, "int64"))
-    state_ty = relax.TensorType([batch, hidden], dtype)
-
-    def take(t, d):  # direction d of a [D, ...] tensor
-        return bb.emit(relax.op.squeeze(relax.op.strided_slice(t, [0], [d], [d + 1]), [0]))
-
-    y_dirs, h_last, c_last = [], [], []
     size = bb.normalize(x).ty.shape.values[2]
-    # The projection as one 2-D matmul over all steps and rows (a 3-D one is a batch of
-    # small matmuls to the default schedules), reshaped back to [T, B, G*H].
+    # The projection of every direction as one 2-D matmul over all steps and rows (a 3-D one is
+    # a batch of small matmuls to the default schedules), reshaped back to [T, B, D*G*H].
     rows = bb.emit(relax.op.reshape(x, relax.ShapeExpr([steps * batch, size])))
-    for d in range(num_dirs):
-        xw = relax.op.matmul(rows, relax.op.permute_dims(take(w, d)))
-        if b is not None:
-            wb, rb = _split(bb, take(b, d), 2, axis=0)
-            xw = relax.op.add(xw, wb)
-        else:
-            rb = relax.op.zeros(relax.ShapeExpr([gates * hidden]), dtype)
-        xw = relax.op.reshape(xw, relax.ShapeExpr([steps, batch, gates * hidden]))
-        zeros = relax.op.zeros(relax.ShapeExpr([batch, hidden]), dtype)
-        args = [bb.emit(xw), bb.emit(relax.op.permute_dims(take(r, d))), bb.normalize(rb),
-                take(h0, d) if h0 is not None else bb.emit(zeros)]
-        if op == "LSTM":
-            args.append(take(c0, d) if c0 is not None else bb.emit(zeros))
-            if p is not None:
-                args.append(take(p, d))
-        if lens is not None:
-            args.append(lens)
-        kernel = loop_kernel(
-            op, hidden, dtype, acts[d], reverse=direction == "reverse" or d == 1,
-            clip=attr.get("clip"), linear_before_reset=bool(attr.get("linear_before_reset", 0)),
-            input_forget=bool(attr.get("input_forget", 0)), peepholes=p is not None,
-            lens=lens is not None)
-        gv = module_bb.add_func(kernel, f"tvmopt_{op.lower()}_loop")
-        outs = [relax.TensorType([steps, batch, hidden], dtype), state_ty]
-        if op == "LSTM":
-            outs.append(state_ty)
-        outs.append(relax.TensorType([batch, (gates + 1) * hidden], dtype))  # scratch
-        res = bb.emit(relax.call_tir(gv, args, outs))
-        y_dirs.append(bb.emit(relax.TupleGetItem(res, 0)))
-        h_last.append(bb.emit(relax.TupleGetItem(res, 1)))
-        if op == "LSTM":
-            c_last.append(bb.emit(relax.TupleGetItem(res, 2)))
-    return _outputs(op, bb, layout, y_dirs, h_last, c_last)
+    xw = relax.op.matmul(rows, relax.op.permute_dims(
+        relax.op.reshape(w, relax.ShapeExpr([num_dirs * gates * hidden, size]))))
+    if b is not None:
+        wb, rb = _split(bb, b, 2, axis=1)
+        xw = relax.op.add(xw, relax.op.reshape(wb, relax.ShapeExpr([num_dirs * gates * hidden])))
+        rb = bb.emit(rb)
+    else:
+        rb = relax.op.zeros(relax.ShapeExpr([num_dirs, gates * hidden]), dtype)
+    xw = relax.op.reshape(xw, relax.ShapeExpr([steps, batch, num_dirs * gates * hidden]))
+    zeros = relax.op.zeros(relax.ShapeExpr([num_dirs, batch, hidden]), dtype)
+    args = [bb.emit(xw), bb.emit(relax.op.permute_dims(r, [0, 2, 1])), bb.normalize(rb),
+            h0 if h0 is not None else bb.emit(zeros)]
+    if op == "LSTM":
+        args.append(c0 if c0 is not None else bb.emit(zeros))
+        if p is not None:
+            args.append(p)
+    if lens is not None:
+        args.append(lens)
+    kernel = loop_kernel(
+        op, hidden, dtype,
+        [(acts[d], direction == "reverse" or d == 1) for d in range(num_dirs)],
+        clip=attr.get("clip"), linear_before_reset=bool(attr.get("linear_before_reset", 0)),
+        input_forget=bool(attr.get("input_forget", 0)), peepholes=p is not None,
+        lens=lens is not None)
+    gv = module_bb.add_func(kernel, f"tvmopt_{op.lower()}_loop")
+    state_ty = relax.TensorType([num_dirs, batch, hidden], dtype)
+    outs = [relax.TensorType([steps, num_dirs, batch, hidden], dtype), state_ty]
+    if op == "LSTM":
+        outs.append(state_ty)
+    outs.append(relax.TensorType([num_dirs, batch, (gates + 3) * hidden], dtype))  # scratch
+    res = bb.emit(relax.call_tir(gv, args, outs))
+    return _outputs(op, bb, layout, *[bb.emit(relax.TupleGetItem(res, i))
+                                      for i in range(3 if op == "LSTM" else 2)])
 
 
 def looped_form(mod, gv):
     """`mod` with the recurrent body `gv` (a static-length one, unrolled) rebuilt as its loop
-    kernels, the form a symbolic length gets: one kernel call per direction instead of a few
+    kernel, the form a symbolic length gets: one kernel call for the node instead of a few
     per step. Its description is unchanged (it still computes the node)."""
     import json
 

@@ -1,7 +1,7 @@
-"""RNN / GRU / LSTM as one loop kernel per direction: the recurrence's time loop inside a kernel.
+"""RNN / GRU / LSTM as one loop kernel: the recurrence's time loop inside a kernel.
 
-The input projection of all steps stays one Relax matmul (x @ W^T + Wb over [T, B, I], as in
-the unrolled form); the loop over time is a TIR kernel whose step does the recurrent matmul
+The input projection of all steps and directions stays one Relax matmul (x @ W^T + Wb over
+[T, B, I], as in the unrolled form); the loop over time is a TIR kernel whose step does the recurrent matmul
 (h @ R^T + Rb), the gates and the state update, with the ONNX node's activations, clip,
 peepholes, input_forget, linear_before_reset and sequence_lens masking (held state past a
 sequence's end, zero Y rows, zero final states for a sequence of no steps). On CPUs it is what
@@ -10,10 +10,10 @@ whole node instead of the unrolled body's few per step, and the only form a symb
 length has.
 
 The kernel is written scheduled, for CPUs:
-- batch rows are independent recurrences, so blocks of rows run on the threads, each block
-  through every step (no synchronisation per step);
+- batch rows and directions are independent recurrences, so blocks of rows of each direction
+  run on the threads, each block through every step (no synchronisation per step);
 - the recurrent matmul is a register-blocked micro-kernel: for each reduction index, a few
-  vectors of R^T's row (R is passed transposed, [H, G*H], so a row of gate columns is
+  vectors of R^T's row (R is passed transposed, [D, H, G*H], so a row of gate columns is
   contiguous) are loaded once and multiplied into the accumulators of every row of the block;
 - the gates and the state update are vectorized over the hidden units, with the vectorizable
   forms of exp, tanh and sigmoid that the rest of the pipeline uses (TOPI's fast_exp /
@@ -31,6 +31,11 @@ import re
 _LANES = 16
 _CHUNKS = 2
 _ROWS = 2
+# Elements of R (per direction) from which the hidden units are split across the threads at
+# every step rather than batch rows across them for all steps: a matrix past a core's L2
+# would be streamed from memory at every step, while a slice per core stays in its cache, and
+# a batch of one is one block of rows (one thread) in the other form.
+_SPLIT_MIN = 1 << 16
 
 # A pre-activation as TIR text -> its activation, with the ONNX alpha / beta (names resolved
 # by rnn._activation_specs). The argument is always a meta-variable name, so it may repeat.
@@ -147,44 +152,49 @@ class _Body:
             zero=_const(0.0, self.dtype), one=_const(1.0, self.dtype)))
 
 
-def loop_kernel(op: str, hidden: int, dtype: str, acts, *, reverse: bool, clip=None,
+def loop_kernel(op: str, hidden: int, dtype: str, directions, *, clip=None,
                 linear_before_reset: bool = False, input_forget: bool = False,
                 peepholes: bool = False, lens: bool = False):
-    """The TIR kernel of one direction.
+    """The TIR kernel of a node: every direction's recurrence in one kernel, so that the
+    directions of a bidirectional node run on threads of their own at once (a batch of one row
+    is one block per direction).
 
     Args:
         op: "RNN", "GRU" or "LSTM".
         hidden: the hidden size H.
         dtype: the float type.
-        acts: this direction's activations, (name, alpha, beta) each, in ONNX order.
-        reverse: run from the last step to the first.
+        directions: (acts, reverse) for each direction D in ONNX order: its activations,
+            (name, alpha, beta) each, and whether it runs from the last step to the first.
 
     Returns:
-        A PrimFunc taking xw [T, B, G*H] (input projection with Wb), rt [H, G*H] (R
-        transposed), rb [G*H], h0 [B, H], (c0 [B, H],) (p [3H],) (lens [B] int64,) and writing
-        y [T, B, H], y_h [B, H], (y_c [B, H],) and a scratch [B, G*H + H].
+        A PrimFunc taking xw [T, B, D*G*H] (input projection with Wb, the directions side by
+        side), rt [D, H, G*H] (R transposed), rb [D, G*H], h0 [D, B, H], (c0 [D, B, H],)
+        (p [D, 3H],) (lens [B] int64,) and writing y [T, D, B, H], y_h [D, B, H],
+        (y_c [D, B, H],) and a scratch [D, B, G*H + 3H].
     """
     import tvm
     from tvm.script import tirx
 
-    for name, _, _ in acts:
-        if name not in _TIR_ACTS:
-            raise ValueError(f"activation {name} is not supported")
+    for acts, _ in directions:
+        for name, _, _ in acts:
+            if name not in _TIR_ACTS:
+                raise ValueError(f"activation {name} is not supported")
     gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
     lstm = op == "LSTM"
-    H, GH = hidden, gates * hidden  # noqa: N806 - the ONNX names
+    H, GH, D = hidden, gates * hidden, len(directions)  # noqa: N806 - the ONNX names
     i64 = "T.int64({})".format
     zero = _const(0.0, dtype)
     one = _const(1.0, dtype)
     params = ["xw", "rt", "rb", "h0"] + (["c0"] if lstm else []) + (["p"] if peepholes else []) \
         + (["lens"] if lens else []) + ["y", "yh"] + (["yc"] if lstm else []) + ["g"]
-    shapes = {"xw": (["steps", "batch", i64(GH)], dtype), "rt": ([i64(H), i64(GH)], dtype),
-              "rb": ([i64(GH)], dtype), "h0": (["batch", i64(H)], dtype),
-              "c0": (["batch", i64(H)], dtype), "p": ([i64(3 * H)], dtype),
-              "lens": (["batch"], "int64"), "y": (["steps", "batch", i64(H)], dtype),
-              "yh": (["batch", i64(H)], dtype), "yc": (["batch", i64(H)], dtype),
-              "g": (["batch", i64(GH + H)], dtype)}
-    body = _Body(dtype, acts, clip)
+    shapes = {"xw": (["steps", "batch", i64(D * GH)], dtype),
+              "rt": ([i64(D), i64(H), i64(GH)], dtype), "rb": ([i64(D), i64(GH)], dtype),
+              "h0": ([i64(D), "batch", i64(H)], dtype), "c0": ([i64(D), "batch", i64(H)], dtype),
+              "p": ([i64(D), i64(3 * H)], dtype), "lens": (["batch"], "int64"),
+              "y": (["steps", i64(D), "batch", i64(H)], dtype),
+              "yh": ([i64(D), "batch", i64(H)], dtype), "yc": ([i64(D), "batch", i64(H)], dtype),
+              "g": ([i64(D), "batch", i64(GH + 3 * H)], dtype)}
+    body = _Body(dtype, directions[0][0], clip)
     body.line(0, "@T.prim_func(private=True)")
     body.line(0, f"def {op.lower()}_loop(" + ", ".join(f"var_{p}: T.handle" for p in params)
               + "):")
@@ -195,17 +205,16 @@ def loop_kernel(op: str, hidden: int, dtype: str, acts, *, reverse: bool, clip=N
         dims, dt = shapes[p]
         body.line(1, f'{p} = T.match_buffer(var_{p}, ({", ".join(dims)},), "{dt}")')
     rows = i64(_ROWS)
-    # Each block of rows runs the whole recurrence on a thread of its own.
-    body.line(1, f"for blk in T.parallel((batch + {rows} - T.int64(1)) // {rows}):")
-    block_start = len(body.lines)
-    # The matmul's accumulators, one block of columns for each row. Global scope under TVM's
-    # stack limit is what becomes a stack array (a "local" one is a heap workspace): LLVM then
-    # knows no buffer aliases it and keeps it in registers through the reduction.
-    body.line(2, f'acc = T.alloc_buffer(({rows}, {i64(_LANES * _CHUNKS)}), "{dtype}")')
-    body.line(2, "for bi, j in T.grid(nrows, " + i64(H) + "):")
-    body.line(3, "yh[b0 + bi, j] = h0[b0 + bi, j]")
-    if lstm:
-        body.line(3, "yc[b0 + bi, j] = c0[b0 + bi, j]")
+    blocks = f"((batch + {rows} - T.int64(1)) // {rows})"
+    split = H % _LANES == 0 and H * GH >= _SPLIT_MIN
+    # The previous step's h of a row (b) and unit (j or k). Split over units, a step reads
+    # every unit of it while other threads write theirs: the state alternates between two
+    # halves of the scratch by step parity (HS: where they start in a row of the scratch).
+    HS = GH + H  # noqa: N806
+    h_prev = (f"g[dd, {{b}}, {{k}} + {i64(HS)} + cur * {i64(H)}]" if split
+              else "yh[dd, {b}, {k}]")
+    h_next = f"g[dd, b, j + {i64(HS)} + nxt * {i64(H)}]" if split else "yh[dd, b, j]"
+    h_own = h_prev.format(b="b", k="j")
 
     def matmul(d: int, base: str, nr: int, cols_from: int, cols_to: int, state: str):
         """g[base + r, j] = rb[j] + sum_k state(r, k) * rt[k, j], j in [cols_from, cols_to),
@@ -218,28 +227,53 @@ def loop_kernel(op: str, hidden: int, dtype: str, acts, *, reverse: bool, clip=N
             col = f"{i64(cols_from)} + jo * {i64(width)}"
             body.line(d + 1, f"for r in T.unroll({i64(nr)}):")
             body.line(d + 2, f"for ji in T.vectorized({i64(width)}):")
-            body.line(d + 3, f"acc[r, ji] = rb[{col} + ji]")
+            body.line(d + 3, f"acc[r, ji] = rb[dd, {col} + ji]")
             body.line(d + 1, f"for k in range({i64(H)}):")
             body.line(d + 2, f"for c in T.unroll({i64(_CHUNKS)}):")
             body.line(d + 3, f"for r in T.unroll({i64(nr)}):")
             body.line(d + 4, f"for ji in T.vectorized({i64(_LANES)}):")
             lane = f"c * {i64(_LANES)} + ji"
             body.line(d + 5, f"acc[r, {lane}] = acc[r, {lane}] + "
-                             f"{state.format(b=f'{base} + r', k='k')} * rt[k, {col} + {lane}]")
+                             f"{state.format(b=f'{base} + r', k='k')} * rt[dd, k, {col} + {lane}]")
             body.line(d + 1, f"for r in T.unroll({i64(nr)}):")
             body.line(d + 2, f"for ji in T.vectorized({i64(width)}):")
-            body.line(d + 3, f"g[{base} + r, {col} + ji] = acc[r, ji]")
+            body.line(d + 3, f"g[dd, {base} + r, {col} + ji] = acc[r, ji]")
         if cols_from + full * width < cols_to:
             body.line(d, f"for r, j in T.grid({i64(nr)}, "
                          f"{i64(cols_to - cols_from - full * width)}):")
             col = f"j + {i64(cols_from + full * width)}"
-            body.line(d + 1, f"g[{base} + r, {col}] = rb[{col}]")
+            body.line(d + 1, f"g[dd, {base} + r, {col}] = rb[dd, {col}]")
             body.line(d + 1, f"for k in range({i64(H)}):")
-            body.line(d + 2, f"g[{base} + r, {col}] = g[{base} + r, {col}] + "
-                             f"{state.format(b=f'{base} + r', k='k')} * rt[k, {col}]")
+            body.line(d + 2, f"g[dd, {base} + r, {col}] = g[dd, {base} + r, {col}] + "
+                             f"{state.format(b=f'{base} + r', k='k')} * rt[dd, k, {col}]")
+
+    def matmul_units(d: int, base: str, nr: int, first: int, count: int, state: str):
+        """The same for the one vector of units from u0 of `count` gates from gate `first`:
+        the gate columns the update of those units reads, in registers together."""
+        col = f"(T.int64({first}) + s) * {i64(H)} + u0 + ji"
+        body.line(d, f"for r, s in T.grid({i64(nr)}, {i64(count)}):")
+        body.line(d + 1, f"for ji in T.vectorized({i64(_LANES)}):")
+        body.line(d + 2, f"acc[r, s * {i64(_LANES)} + ji] = rb[dd, {col}]")
+        body.line(d, f"for k in range({i64(H)}):")
+        body.line(d + 1, f"for s in T.unroll({i64(count)}):")
+        body.line(d + 2, f"for r in T.unroll({i64(nr)}):")
+        body.line(d + 3, f"for ji in T.vectorized({i64(_LANES)}):")
+        lane = f"s * {i64(_LANES)} + ji"
+        body.line(d + 4, f"acc[r, {lane}] = acc[r, {lane}] + "
+                         f"{state.format(b=f'{base} + r', k='k')} * rt[dd, k, {col}]")
+        body.line(d, f"for r, s in T.grid({i64(nr)}, {i64(count)}):")
+        body.line(d + 1, f"for ji in T.vectorized({i64(_LANES)}):")
+        body.line(d + 2, f"g[dd, {base} + r, {col}] = acc[r, s * {i64(_LANES)} + ji]")
 
     def per_unit(d: int, emit) -> None:
-        """emit(depth) once over the hidden units j of row b: whole vectors, then the rest."""
+        """emit(depth) once over the hidden units j of row b: whole vectors, then the rest (in
+        the split form, over the one vector of units from u0)."""
+        if split:
+            body.line(d, f"for ji in T.vectorized({i64(_LANES)}):")
+            start = len(body.lines)
+            emit(d + 1)
+            body.bind(start, "j", "u0 + ji")
+            return
         full = H // _LANES
         if full:
             body.line(d, f"for jo in range({i64(full)}):")
@@ -252,7 +286,7 @@ def loop_kernel(op: str, hidden: int, dtype: str, acts, *, reverse: bool, clip=N
             emit(d + 1)
 
     def pre(gate: int) -> str:  # gate's input projection plus its recurrent part
-        return f"xw[tt, b, j + {i64(gate * H)}] + g[b, j + {i64(gate * H)}]"
+        return f"xw[tt, b, xo + j + {i64(gate * H)}] + g[dd, b, j + {i64(gate * H)}]"
 
     def gate_update(d: int) -> None:
         if op == "RNN":
@@ -261,75 +295,159 @@ def loop_kernel(op: str, hidden: int, dtype: str, acts, *, reverse: bool, clip=N
         elif op == "GRU":
             z = body.act(d, 0, pre(0))
             r_gate = body.act(d, 0, pre(1))
-            cand = (f"xw[tt, b, j + {i64(2 * H)}] + {r_gate} * g[b, j + {i64(2 * H)}]"
+            cand = (f"xw[tt, b, xo + j + {i64(2 * H)}] + {r_gate} * g[dd, b, j + {i64(2 * H)}]"
                     if linear_before_reset else pre(2))
             h_tilde = body.act(d, 1, cand)
-            h_new = body.let(d, f"({one} - {z}) * {h_tilde} + {z} * yh[b, j]")
+            h_new = body.let(d, f"({one} - {z}) * {h_tilde} + {z} * {h_own}")
             c_new = None
         else:  # LSTM, gates i, o, f, c
-            peep = ((lambda k, c: f" + p[j + {i64(k * H)}] * {c}") if peepholes
+            peep = ((lambda k, c: f" + p[dd, j + {i64(k * H)}] * {c}") if peepholes
                     else (lambda k, c: ""))
-            i_gate = body.act(d, 0, pre(0) + peep(0, "yc[b, j]"))
+            i_gate = body.act(d, 0, pre(0) + peep(0, "yc[dd, b, j]"))
             f_gate = (body.let(d, f"{one} - {i_gate}") if input_forget
-                      else body.act(d, 0, pre(2) + peep(2, "yc[b, j]")))
+                      else body.act(d, 0, pre(2) + peep(2, "yc[dd, b, j]")))
             c_gate = body.act(d, 1, pre(3))
-            c_new = body.let(d, f"{f_gate} * yc[b, j] + {i_gate} * {c_gate}")
+            c_new = body.let(d, f"{f_gate} * yc[dd, b, j] + {i_gate} * {c_gate}")
             o_gate = body.act(d, 0, pre(1) + peep(1, c_new))
             h_new = body.let(d, f"{o_gate} * " + body.act(d, 2, c_new, clipped=False))
         if lens:
             valid = "tt < lens[b]"
-            body.line(d, f"y[tt, b, j] = T.if_then_else({valid}, {h_new}, {zero})")
-            body.line(d, f"yh[b, j] = T.if_then_else({valid}, {h_new}, yh[b, j])")
+            body.line(d, f"y[tt, dd, b, j] = T.if_then_else({valid}, {h_new}, {zero})")
+            body.line(d, f"{h_next} = T.if_then_else({valid}, {h_new}, {h_own})")
             if lstm:
-                body.line(d, f"yc[b, j] = T.if_then_else({valid}, {c_new}, yc[b, j])")
+                body.line(d, f"yc[dd, b, j] = T.if_then_else({valid}, {c_new}, yc[dd, b, j])")
         else:
-            body.line(d, f"y[tt, b, j] = {h_new}")
-            body.line(d, f"yh[b, j] = {h_new}")
+            body.line(d, f"y[tt, dd, b, j] = {h_new}")
+            body.line(d, f"{h_next} = {h_new}")
             if lstm:
-                body.line(d, f"yc[b, j] = {c_new}")
+                body.line(d, f"yc[dd, b, j] = {c_new}")
 
-    def recurrence(d: int, base: str, nr: int) -> None:
-        """Every step for the nr rows from `base`."""
-        body.line(d, "for t in range(steps):")
-        d += 1
-        step_start = len(body.lines)
-        def per_row(emit) -> None:  # emit over the units of each of the nr rows (as b)
-            body.line(d, f"for r in range({i64(nr)}):")
+    def phases(d: int, base: str, nr: int, mm) -> list:
+        """The step of the nr rows from `base` in the parts that need every unit of the part
+        before (a GRU's candidate multiplies r * h of all units), each a function of a depth;
+        mm(depth, first_gate, gate_count, state) emits the matmul of those gates."""
+        def per_row(dd_, emit) -> None:  # emit over the units of each of the nr rows (as b)
+            body.line(dd_, f"for r in range({i64(nr)}):")
             start = len(body.lines)
-            per_unit(d + 1, emit)
+            per_unit(dd_ + 1, emit)
             body.bind(start, "b", f"{base} + r")
 
         if op == "GRU" and not linear_before_reset:
-            # z and r first; the candidate's recurrence multiplies r * h before its matmul.
-            matmul(d, base, nr, 0, 2 * H, "yh[{b}, {k}]")
+            def reset(dp):
+                r_gate = body.act(dp, 0, pre(1))
+                body.line(dp, f"g[dd, b, j + {i64(GH)}] = {r_gate} * {h_own}")
 
-            def reset(dd):
-                r_gate = body.act(dd, 0, pre(1))
-                body.line(dd, f"g[b, j + {i64(GH)}] = {r_gate} * yh[b, j]")
+            def zr(dp):
+                mm(dp, 0, 2, h_prev)
+                per_row(dp, reset)
 
-            per_row(reset)
-            matmul(d, base, nr, 2 * H, 3 * H, "g[{b}, {k} + " + i64(GH) + "]")
-        else:
-            matmul(d, base, nr, 0, GH, "yh[{b}, {k}]")
-        per_row(gate_update)
-        body.bind(step_start, "tt", "steps - T.int64(1) - t" if reverse else "t")
+            def candidate(dp):
+                mm(dp, 2, 1, "g[dd, {b}, {k} + " + i64(GH) + "]")
+                per_row(dp, gate_update)
+            return [zr, candidate]
 
-    # A full block keeps all its rows' accumulators in registers; the last, partial block
-    # (and a batch of one) runs its rows one at a time.
-    body.line(2, f"if nrows == {rows}:")
-    recurrence(3, "b0", _ROWS)
-    body.line(2, "else:")
-    body.line(3, "for bi in range(nrows):")
-    recurrence(4, "b0 + bi", 1)
-    if lens:
-        # A sequence of no steps ends with zero states (onnxruntime), not its initial ones.
-        body.line(2, f"for bi, j in T.grid(nrows, {i64(H)}):")
-        start = len(body.lines)
-        body.line(3, f"yh[b, j] = T.if_then_else(lens[b] > T.int64(0), yh[b, j], {zero})")
+        def whole(dp):
+            mm(dp, 0, gates, h_prev)
+            per_row(dp, gate_update)
+        return [whole]
+
+    def each_direction(d: int, extent: str, emit) -> None:
+        """emit(depth, k) for each direction k, u in [k * extent, (k + 1) * extent) picking
+        direction k and binding its names (the unit index in it is `w`)."""
+        for k, (acts, reverse) in enumerate(directions):
+            if D > 1:
+                body.line(d, f"if u < {extent}:" if k == 0 else "else:")
+            start = len(body.lines)
+            body.acts = acts
+            emit(d + 1 if D > 1 else d, reverse)
+            body.bind(start, "w", f"u - {i64(k)} * {extent}" if k else "u")
+            body.bind(start, "xo", i64(k * GH))
+            body.bind(start, "dd", i64(k))
+
+    # The matmul's accumulators, one block of columns for each row. Global scope under TVM's
+    # stack limit is what becomes a stack array (a "local" one is a heap workspace): LLVM then
+    # knows no buffer aliases it and keeps it in registers through the reduction.
+    acc = f'acc = T.alloc_buffer(({rows}, {i64(_LANES * max(_CHUNKS, gates))}), "{dtype}")'
+    if split:
+        # Every step on all threads, each a vector of hidden units of a direction (TVM hands
+        # each thread the same contiguous units at every step, so its slice of R stays in its
+        # core's cache), all rows of the batch in blocks.
+        body.line(1, f"for e, b, j in T.grid({i64(D)}, batch, {i64(H)}):")
+        body.line(2, f"g[e, b, j + {i64(HS)}] = h0[e, b, j]")
         if lstm:
-            body.line(3, f"yc[b, j] = T.if_then_else(lens[b] > T.int64(0), yc[b, j], {zero})")
-        body.bind(start, "b", "b0 + bi")
-    body.bind(block_start, "nrows", f"T.min(batch - b0, {rows})")
-    body.bind(block_start, "b0", f"blk * {rows}")
+            body.line(2, "yc[e, b, j] = c0[e, b, j]")
+        body.line(1, "for t in range(steps):")
+        step_start = len(body.lines)
+        for n in range(len(phases(0, "", 1, None))):
+            body.line(2, f"for u in T.parallel({i64(D * (H // _LANES))}):")
+            body.line(3, acc)
+
+            def unit_block(d, reverse, n=n):
+                body.line(d, f"u0 = T.meta_var(w * {i64(_LANES)})")
+                body.line(d, f"for bo in range(batch // {rows}):")
+                start = len(body.lines)
+                phases(d + 1, "bo * " + rows, _ROWS, lambda dp, f, c, st: matmul_units(
+                    dp, "bo * " + rows, _ROWS, f, c, st))[n](d + 1)
+                body.line(d, f"for bi in range(batch % {rows}):")
+                base = f"batch // {rows} * {rows} + bi"
+                phases(d + 1, base, 1, lambda dp, f, c, st: matmul_units(
+                    dp, base, 1, f, c, st))[n](d + 1)
+                body.bind(start, "tt", "steps - T.int64(1) - t" if reverse else "t")
+
+            each_direction(3, i64(H // _LANES), unit_block)
+        body.bind(step_start, "cur", "t % T.int64(2)")
+        body.bind(step_start, "nxt", "(t + T.int64(1)) % T.int64(2)")
+        body.line(1, f"for e, b, j in T.grid({i64(D)}, batch, {i64(H)}):")
+        last = f"g[e, b, j + {i64(HS)} + steps % T.int64(2) * {i64(H)}]"
+        if lens:
+            # A sequence of no steps ends with zero states (onnxruntime), not its initial ones.
+            body.line(2, f"yh[e, b, j] = T.if_then_else(lens[b] > T.int64(0), {last}, {zero})")
+            if lstm:
+                body.line(2, "yc[e, b, j] = T.if_then_else(lens[b] > T.int64(0), yc[e, b, j], "
+                             f"{zero})")
+        else:
+            body.line(2, f"yh[e, b, j] = {last}")
+    else:
+        # Each block of rows of each direction runs the whole recurrence on a thread of its
+        # own (no synchronisation per step).
+        body.line(1, f"for u in T.parallel({i64(D)} * {blocks}):")
+        body.line(2, acc)
+
+        def recurrence(d: int, base: str, nr: int, reverse: bool) -> None:
+            """Every step for the nr rows from `base`."""
+            body.line(d, "for t in range(steps):")
+            start = len(body.lines)
+            for part in phases(d + 1, base, nr, lambda dp, f, c, st: matmul(
+                    dp, base, nr, f * H, (f + c) * H, st)):
+                part(d + 1)
+            body.bind(start, "tt", "steps - T.int64(1) - t" if reverse else "t")
+
+        def block(d: int, reverse: bool) -> None:
+            """One block of rows (from b0, nrows of them) of direction dd, through every step."""
+            start = len(body.lines)
+            body.line(d, f"for bi, j in T.grid(nrows, {i64(H)}):")
+            body.line(d + 1, "yh[dd, b0 + bi, j] = h0[dd, b0 + bi, j]")
+            if lstm:
+                body.line(d + 1, "yc[dd, b0 + bi, j] = c0[dd, b0 + bi, j]")
+            # A full block keeps all its rows' accumulators in registers; the last, partial
+            # block (and a batch of one) runs its rows one at a time.
+            body.line(d, f"if nrows == {rows}:")
+            recurrence(d + 1, "b0", _ROWS, reverse)
+            body.line(d, "else:")
+            body.line(d + 1, "for bi in range(nrows):")
+            recurrence(d + 2, "b0 + bi", 1, reverse)
+            if lens:
+                # A sequence of no steps ends with zero states (onnxruntime), not its initial
+                # ones.
+                body.line(d, f"for bi, j in T.grid(nrows, {i64(H)}):")
+                zstart = len(body.lines)
+                for state in ("yh", "yc") if lstm else ("yh",):
+                    body.line(d + 1, f"{state}[dd, b, j] = T.if_then_else(lens[b] > "
+                                     f"T.int64(0), {state}[dd, b, j], {zero})")
+                body.bind(zstart, "b", "b0 + bi")
+            body.bind(start, "nrows", f"T.min(batch - b0, {rows})")
+            body.bind(start, "b0", f"w * {rows}")
+
+        each_direction(2, blocks, block)
     return tvm.script.from_source("\n".join(body.lines),
                                   extra_vars={"T": tirx, **_math(dtype)})
