@@ -443,6 +443,7 @@ def test_plan_shows_each_dispatch_choice_with_its_timings(tmp_path, monkeypatch)
     assert "yes" in out.output  # the second time, every workload comes from the cache
 
 
+@pytest.mark.slow
 def test_tune_leaves_out_the_kernels_compile_gives_onednn(tmp_path):
     from tvmopt.targets.registry import get_target
     from tvmopt.tuning import tune

@@ -28,6 +28,7 @@ def _tool():
     return importlib.import_module("tools.onnx_conformance")
 
 
+@pytest.mark.slow
 def test_conformance_sample_does_not_regress():
     record = json.loads(RECORD.read_text())
     tool = _tool()

@@ -335,7 +335,7 @@ def _looped(op: str, module_bb, bb, inputs, attr):
     `module_bb` receives the kernel (the body's own builder `bb` is a private function's)."""
     from tvm import relax
 
-    from .rnn_loop import loop_kernel
+    from .rnn_loop import UNITS_PER_VECTOR, loop_kernel, splits_units
 
     (x, w, r, b, seq_lens, h0, c0, p, dtype, layout, direction, num_dirs, gates, hidden,
      attr) = _operands(op, bb, inputs, attr)
@@ -356,7 +356,12 @@ def _looped(op: str, module_bb, bb, inputs, attr):
         rb = relax.op.zeros(relax.ShapeExpr([num_dirs, gates * hidden]), dtype)
     xw = relax.op.reshape(xw, relax.ShapeExpr([steps, batch, num_dirs * gates * hidden]))
     zeros = relax.op.zeros(relax.ShapeExpr([num_dirs, batch, hidden]), dtype)
-    args = [bb.emit(xw), bb.emit(relax.op.permute_dims(r, [0, 2, 1])), bb.normalize(rb),
+    rt = relax.op.permute_dims(r, [0, 2, 1])  # [D, H, G*H]
+    if splits_units(op, hidden):  # packed per vector of units: [D, H/L, H, G, L]
+        rt = relax.op.permute_dims(relax.op.reshape(rt, relax.ShapeExpr(
+            [num_dirs, hidden, gates, hidden // UNITS_PER_VECTOR, UNITS_PER_VECTOR])),
+            [0, 3, 1, 2, 4])
+    args = [bb.emit(xw), bb.emit(rt), bb.normalize(rb),
             h0 if h0 is not None else bb.emit(zeros)]
     if op == "LSTM":
         args.append(c0 if c0 is not None else bb.emit(zeros))

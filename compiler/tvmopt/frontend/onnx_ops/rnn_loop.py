@@ -29,6 +29,8 @@ import re
 # accumulators stay few: LLVM keeps the fast-math constants of the gate loop in registers
 # across the whole step, and with 2 x 4 accumulators the reduction spilled to the stack.
 _LANES = 16
+# The units of one vector, which a packed R groups (rnn.py packs it where splits_units).
+UNITS_PER_VECTOR = _LANES
 _CHUNKS = 2
 _ROWS = 2
 # Elements of R (per direction) from which the hidden units are split across the threads at
@@ -53,6 +55,13 @@ _TIR_ACTS = {
     "Softsign": "{x} / ({one} + T.fabs({x}))",
     "Softplus": "T.log({one} + exp_({x}))",
 }
+
+
+def splits_units(op: str, hidden: int) -> bool:
+    """Whether the kernel of this node splits the hidden units across the threads at every
+    step (see _SPLIT_MIN); R is then passed packed per vector of units (loop_kernel)."""
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    return hidden % _LANES == 0 and hidden * gates * hidden >= _SPLIT_MIN
 
 
 def _fast_exp(x):
@@ -168,7 +177,8 @@ def loop_kernel(op: str, hidden: int, dtype: str, directions, *, clip=None,
 
     Returns:
         A PrimFunc taking xw [T, B, D*G*H] (input projection with Wb, the directions side by
-        side), rt [D, H, G*H] (R transposed), rb [D, G*H], h0 [D, B, H], (c0 [D, B, H],)
+        side), rt [D, H, G*H] (R transposed; where splits_units, packed per vector of L units
+        as [D, H/L, H, G, L], so that a thread's slice is one contiguous run), rb [D, G*H], h0 [D, B, H], (c0 [D, B, H],)
         (p [D, 3H],) (lens [B] int64,) and writing y [T, D, B, H], y_h [D, B, H],
         (y_c [D, B, H],) and a scratch [D, B, G*H + 3H].
     """
@@ -183,12 +193,14 @@ def loop_kernel(op: str, hidden: int, dtype: str, directions, *, clip=None,
     lstm = op == "LSTM"
     H, GH, D = hidden, gates * hidden, len(directions)  # noqa: N806 - the ONNX names
     i64 = "T.int64({})".format
+    split = splits_units(op, hidden)
     zero = _const(0.0, dtype)
     one = _const(1.0, dtype)
     params = ["xw", "rt", "rb", "h0"] + (["c0"] if lstm else []) + (["p"] if peepholes else []) \
         + (["lens"] if lens else []) + ["y", "yh"] + (["yc"] if lstm else []) + ["g"]
     shapes = {"xw": (["steps", "batch", i64(D * GH)], dtype),
-              "rt": ([i64(D), i64(H), i64(GH)], dtype), "rb": ([i64(D), i64(GH)], dtype),
+              "rt": ([i64(D), i64(H // _LANES), i64(H), i64(gates), i64(_LANES)] if split
+                     else [i64(D), i64(H), i64(GH)], dtype), "rb": ([i64(D), i64(GH)], dtype),
               "h0": ([i64(D), "batch", i64(H)], dtype), "c0": ([i64(D), "batch", i64(H)], dtype),
               "p": ([i64(D), i64(3 * H)], dtype), "lens": (["batch"], "int64"),
               "y": (["steps", i64(D), "batch", i64(H)], dtype),
@@ -206,7 +218,6 @@ def loop_kernel(op: str, hidden: int, dtype: str, directions, *, clip=None,
         body.line(1, f'{p} = T.match_buffer(var_{p}, ({", ".join(dims)},), "{dt}")')
     rows = i64(_ROWS)
     blocks = f"((batch + {rows} - T.int64(1)) // {rows})"
-    split = H % _LANES == 0 and H * GH >= _SPLIT_MIN
     # The previous step's h of a row (b) and unit (j or k). Split over units, a step reads
     # every unit of it while other threads write theirs: the state alternates between two
     # halves of the scratch by step parity (HS: where they start in a row of the scratch).
@@ -260,7 +271,8 @@ def loop_kernel(op: str, hidden: int, dtype: str, directions, *, clip=None,
         body.line(d + 3, f"for ji in T.vectorized({i64(_LANES)}):")
         lane = f"s * {i64(_LANES)} + ji"
         body.line(d + 4, f"acc[r, {lane}] = acc[r, {lane}] + "
-                         f"{state.format(b=f'{base} + r', k='k')} * rt[dd, k, {col}]")
+                         f"{state.format(b=f'{base} + r', k='k')} * "
+                         f"rt[dd, w, k, T.int64({first}) + s, ji]")
         body.line(d, f"for r, s in T.grid({i64(nr)}, {i64(count)}):")
         body.line(d + 1, f"for ji in T.vectorized({i64(_LANES)}):")
         body.line(d + 2, f"g[dd, {base} + r, {col}] = acc[r, s * {i64(_LANES)} + ji]")
