@@ -556,3 +556,30 @@ def test_a_transpose_to_a_short_innermost_axis_reads_rows_not_gathers():
     assert len(text) == 1
     assert "T.parallel(T.int64(40))" in text[0] and "T.unroll(T.int64(3))" in text[0], text[0]
     assert "T.vectorized" not in text[0] and "//" not in text[0], text[0]
+
+
+def test_weights_are_packed_once_beside_a_loop_kernel():
+    """A recurrent layer's loop kernel is written scheduled, with no root block, which TVM's
+    SplitLayoutRewritePreproc asserts on: every other kernel of such a module used to re-pack
+    its weight on every call. The packing still folds into the constants."""
+    import tvm
+
+    from tvmopt import pipeline
+
+    hidden, size = 8, 4
+    nodes = [helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=hidden),
+             helper.make_node("Reshape", ["y", "shape"], ["r"]),
+             helper.make_node("MatMul", ["r", "w"], ["out"])]
+    shape = numpy_helper.from_array(np.asarray([6, hidden], np.int64), "shape")
+    model = _model(nodes, [_vi("x", [6, 1, size])], [_vi("out", [6, 128])],
+                   [_const("W", (1, 4 * hidden, size)), _const("R", (1, 4 * hidden, hidden)),
+                    shape, _const("w", (hidden, 128))])
+    feeds = {"x": RNG.standard_normal((6, 1, size)).astype("float32")}
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got, scheduled = _run(model, feeds, pipeline.PipelineConfig(dispatch="codegen"))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    names = [gv.name_hint for gv, f in scheduled.functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc)]
+    assert any("lstm_loop" in n for n in names), names
+    assert any(n.endswith("_prepacked") and "matmul" in n for n in names), names

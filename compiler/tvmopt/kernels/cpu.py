@@ -965,10 +965,21 @@ def post_schedule_passes():
                      for f in mod.functions.values())
         if not packed:
             return mod
+        # The pass asserts that every PrimFunc has a root block; a kernel written scheduled
+        # (the recurrent loop kernels) has none and has nothing to split, so it sits out.
+        rootless = {gv: f for gv, f in mod.functions.items()
+                    if isinstance(f, tirx.PrimFunc) and not isinstance(f.body, s_tir.SBlockRealize)}
         try:
+            split = mod
+            if rootless:
+                split = mod.clone()
+                for gv in rootless:
+                    del split[gv]
+            split = relax.transform.SplitLayoutRewritePreproc()(split)
+            for gv, func in rootless.items():
+                split[gv] = func
             return tvm.ir.transform.Sequential([
-                relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant(),
-                relax.transform.DeadCodeElimination()])(mod)
+                relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()])(split)
         except Exception as err:  # pylint: disable=broad-except
             fallbacks.record("post_schedule_pass", "tvmopt.FoldWeightPacking", err,
                              instead="weights are re-packed inside their kernels on every call")
