@@ -183,3 +183,31 @@ def test_a_bad_bench_dim_is_one_line(seq_artifact, dim, needle):
     res = _bench_dims(seq_artifact, "--dim", dim)
     assert res.exit_code != 0 and needle in res.output, res.output
     assert "Traceback" not in res.output
+
+
+def test_an_error_after_the_baselines_started_is_still_one_line(tmp_path):
+    """The baselines' worker processes see the harness go when it stops on an error: they end
+    quietly, not with a traceback of their own on the user's terminal."""
+    import subprocess
+    import sys
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    res = CliRunner().invoke(main, ["compile", str(tmp_path / "m.onnx"), "--target", "x86",
+                                    "-o", str(tmp_path / "art")])
+    assert res.exit_code == 0, res.output
+    res = subprocess.run([sys.executable, "-m", "tvmopt.cli", "bench", str(tmp_path / "art"),
+                          "--model", str(tmp_path / "m.onnx"), "--batch", "3", "--runs", "2",
+                          "--baselines", "ort", "--profile-top", "0", "--no-coldstart", "-q"],
+                         capture_output=True, text=True)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "static batch of 2; cannot run batch 3" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip().count("\n") == 0, res.stderr

@@ -324,7 +324,10 @@ def _serve_runner(conn, baseline: str, model_path: str, inputs, seed: int, threa
         conn.send(("unavailable", f"{type(err).__name__}: {str(err).strip()[:160]}", None))
         return
     while True:
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the harness is gone (it stopped on an error of its own)
+            return
         try:
             if msg[0] == "prepare":
                 runner.prepare(*msg[1:])
