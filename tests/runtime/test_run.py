@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 from tests.models import tiny_mlp
 
@@ -76,3 +77,38 @@ def test_load_runs_tvm_kernels_on_every_core(tmp_path):
 
     assert threads(env) == str(os.cpu_count())
     assert threads({**env, "TVM_NUM_THREADS": "1"}) == "1"
+
+
+def test_a_full_openmp_team_pins_its_workers_not_the_caller(tmp_path):
+    """oneDNN's OpenMP team (which the TVM kernels share) pins its workers to a CPU each
+    where it has one thread per allowed CPU: unpinned, a worker woken after the model sat idle
+    was put on the caller's CPU by Linux, and each call after an idle spell took a spin period.
+    The caller's thread, the user's, keeps the CPUs it had."""
+    import os
+    import subprocess
+    import sys
+
+    import tvmopt
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("one CPU: the team has no workers to pin")
+    model = tiny_mlp(str(tmp_path / "mlp.onnx"))
+    tvmopt.compile_model(tvmopt.CompileOptions(model=model, target="host", precision="fp32",
+                                               dispatch="library", output=str(tmp_path / "art")),
+                         log=lambda _s: None)
+    code = (
+        "import glob, os, numpy as np, tvmopt\n"
+        f"m = tvmopt.load({str(tmp_path / 'art')!r})\n"
+        "m.run({'x': np.ones((2, 32), np.float32)})\n"
+        "for t in sorted(glob.glob(f'/proc/{os.getpid()}/task/*')):\n"
+        "    tid = int(t.rsplit('/', 1)[1])\n"
+        "    print(tid == os.getpid(), ','.join(map(str, sorted(os.sched_getaffinity(tid)))))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    rows = [ln.split() for ln in out if ln.strip()]
+    main = [cpus for is_main, cpus in rows if is_main == "True"]
+    pinned = {cpus for is_main, cpus in rows if is_main == "False" and "," not in cpus}
+    assert main == [",".join(map(str, allowed))], rows
+    assert pinned == {str(c) for c in allowed[1:]}, rows

@@ -54,6 +54,7 @@
 #endif
 
 #include <dlfcn.h>
+#include <sched.h>
 
 namespace {
 
@@ -143,10 +144,43 @@ Runtime& GetRuntime() {
 
 // The OpenMP thread-count ICV belongs to the calling thread, so it is re-applied on every call
 // (omp_set_num_threads is cheap) instead of once at load time on another thread.
+// Pins the OpenMP workers of the calling thread's team (not the calling thread, which is the
+// user's) each to a CPU of its own, where the team has one thread per allowed CPU. Unpinned, a
+// worker that slept while the model sat idle (about 0.1 s or more) was woken by Linux onto the
+// waking thread's CPU, and the two shared that CPU until one of them stopped spinning: a call
+// after an idle spell took about a spin period (10 ms for a 0.25 ms model). A smaller team
+// (processes that split the cores between them) is left alone.
+void PinWorkers() {
+#if defined(_OPENMP) && defined(__linux__)
+  thread_local int pinned = 0;
+  int team = omp_get_max_threads();
+  if (pinned == team || team < 2) return;
+  pinned = team;
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  }
+  if (static_cast<int>(cpus.size()) != team) return;
+#pragma omp parallel num_threads(team)
+  {
+    int t = omp_get_thread_num();
+    if (t > 0) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[t], &one);
+      sched_setaffinity(0, sizeof(one), &one);
+    }
+  }
+#endif
+}
+
 void ApplyThreads() {
 #ifdef _OPENMP
   int n = GetRuntime().num_threads;
   if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
+  PinWorkers();
 #endif
 }
 
@@ -170,6 +204,7 @@ using ParallelLambda = int (*)(int task_id, ParallelGroupEnv* penv, void* cdata)
 
 int OmpParallelLaunch(ParallelLambda flambda, void* cdata, int num_task) {
 #ifdef _OPENMP
+  ApplyThreads();
   int team = GetRuntime().num_threads > 0 ? GetRuntime().num_threads : omp_get_max_threads();
   int tasks = num_task > 0 ? num_task : team;
   if (team > tasks) team = tasks;
