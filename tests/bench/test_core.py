@@ -73,9 +73,9 @@ def test_closed_loop_interleaves_runners_and_stops_at_the_time_budget():
     assert ra.steady.n == rb.steady.n == 15
     assert ra.steady.mean_ms == pytest.approx(10) and rb.steady.mean_ms == pytest.approx(30)
     assert order[:12] == list("aaabbbbbbaaa")  # who goes first alternates
-    # 20 ms settle before each runner's warm-up and each of the 10 blocks, outside the samples
+    # 100 ms settle before each runner's warm-up and each of the 10 blocks, outside the samples
     # and the budget
-    assert clock.now() == pytest.approx(0.6 + 12 * 0.02)
+    assert clock.now() == pytest.approx(0.6 + 12 * 0.1)
 
 
 # ------------------------------------------------------------------------------------ load

@@ -7,7 +7,8 @@ a while after a call (onnxruntime, OpenMP in torch, TVM's pool): alternating cal
 each runner compete with the previous one's spinning threads, which measures the harness, not
 the runtime; and between blocks the harness idles `settle_s` so those threads go to sleep
 before the next runner starts (on a few busy cores, a runner started while another's pool still
-spins is timed mostly waiting for cores).
+spins is timed mostly waiting for cores). onnxruntime's pool spins for some 50 ms after a call
+(libgomp's for about 10), so the idle gap is longer than that.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _timed(runner, clock, batch, size) -> float:
 
 def measure(runners: list, clock, batch: int, size: int | None = None, warmup: int = 5,
             runs: int = 50, max_seconds: float | None = None,
-            min_runs: int = 5, block: int = 5, settle_s: float = 0.02) -> list[ClosedLoopResult]:
+            min_runs: int = 5, block: int = 5, settle_s: float = 0.1) -> list[ClosedLoopResult]:
     """Warm up, then time `runs` calls of each runner, interleaved.
 
     Args:
