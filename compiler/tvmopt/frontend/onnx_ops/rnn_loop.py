@@ -1,17 +1,19 @@
 """RNN / GRU / LSTM as one loop kernel: the recurrence's time loop inside a kernel.
 
 The input projection of all steps and directions stays one Relax matmul (x @ W^T + Wb over
-[T, B, I], as in the unrolled form); the loop over time is a TIR kernel whose step does the recurrent matmul
-(h @ R^T + Rb), the gates and the state update, with the ONNX node's activations, clip,
-peepholes, input_forget, linear_before_reset and sequence_lens masking (held state past a
-sequence's end, zero Y rows, zero final states for a sequence of no steps). On CPUs it is what
-runs every node no library takes (passes.recurrent.LoopRecurrent): one kernel call for the
-whole node instead of the unrolled body's few per step, and the only form a symbolic sequence
-length has.
+[T, B, I], as in the unrolled form); the loop over time is a TIR kernel whose step does the
+recurrent matmul (h @ R^T + Rb), the gates and the state update, with the ONNX node's
+activations, clip, peepholes, input_forget, linear_before_reset and sequence_lens masking
+(held state past a sequence's end, zero Y rows, zero final states for a sequence of no steps).
+On CPUs it is what runs every node no library takes (passes.recurrent.LoopRecurrent): one
+kernel call for the whole node instead of the unrolled body's few per step, and the only form
+a symbolic sequence length has.
 
 The kernel is written scheduled, for CPUs:
 - batch rows and directions are independent recurrences, so blocks of rows of each direction
-  run on the threads, each block through every step (no synchronisation per step);
+  run on the threads, each block through every step (no synchronisation per step); where R is
+  too large for a core's cache, the hidden units are split across the threads at every step
+  instead (splits_units);
 - the recurrent matmul is a register-blocked micro-kernel: for each reduction index, a few
   vectors of R^T's row (R is passed transposed, [D, H, G*H], so a row of gate columns is
   contiguous) are loaded once and multiplied into the accumulators of every row of the block;
@@ -178,9 +180,9 @@ def loop_kernel(op: str, hidden: int, dtype: str, directions, *, clip=None,
     Returns:
         A PrimFunc taking xw [T, B, D*G*H] (input projection with Wb, the directions side by
         side), rt [D, H, G*H] (R transposed; where splits_units, packed per vector of L units
-        as [D, H/L, H, G, L], so that a thread's slice is one contiguous run), rb [D, G*H], h0 [D, B, H], (c0 [D, B, H],)
-        (p [D, 3H],) (lens [B] int64,) and writing y [T, D, B, H], y_h [D, B, H],
-        (y_c [D, B, H],) and a scratch [D, B, G*H + 3H].
+        as [D, H/L, H, G, L], so that a thread's slice is one contiguous run), rb [D, G*H],
+        h0 [D, B, H], (c0 [D, B, H],) (p [D, 3H],) (lens [B] int64,) and writing
+        y [T, D, B, H], y_h [D, B, H], (y_c [D, B, H],) and a scratch [D, B, G*H + 3H].
     """
     import tvm
     from tvm.script import tirx
