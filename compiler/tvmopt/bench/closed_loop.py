@@ -7,8 +7,8 @@ a while after a call (onnxruntime, OpenMP in torch, TVM's pool): alternating cal
 each runner compete with the previous one's spinning threads, which measures the harness, not
 the runtime; and between blocks the harness idles `settle_s` so those threads go to sleep
 before the next runner starts (on a few busy cores, a runner started while another's pool still
-spins is timed mostly waiting for cores). onnxruntime's pool spins for some 50 ms after a call
-(libgomp's for about 10), so the idle gap is longer than that.
+spins is timed mostly waiting for cores). The gap outlasts the longest of those spins
+(onnxruntime's, which spins several times longer than libgomp).
 """
 
 from __future__ import annotations

@@ -142,14 +142,12 @@ Runtime& GetRuntime() {
   return *rt;
 }
 
-// The OpenMP thread-count ICV belongs to the calling thread, so it is re-applied on every call
-// (omp_set_num_threads is cheap) instead of once at load time on another thread.
 // Pins the OpenMP workers of the calling thread's team (not the calling thread, which is the
 // user's) each to a CPU of its own, where the team has one thread per allowed CPU. Unpinned, a
-// worker that slept while the model sat idle (about 0.1 s or more) was woken by Linux onto the
-// waking thread's CPU, and the two shared that CPU until one of them stopped spinning: a call
-// after an idle spell took about a spin period (10 ms for a 0.25 ms model). A smaller team
-// (processes that split the cores between them) is left alone.
+// worker that went to sleep while the model sat idle is woken by Linux onto the waking thread's
+// CPU, and the two share that CPU until one of them stops spinning: the first calls after an
+// idle spell take a whole spin period. A smaller team (processes that split the cores between
+// them) is left alone.
 void PinWorkers() {
 #if defined(_OPENMP) && defined(__linux__)
   thread_local int pinned = 0;
@@ -176,6 +174,8 @@ void PinWorkers() {
 #endif
 }
 
+// The OpenMP thread-count ICV belongs to the calling thread, so it is re-applied on every call
+// (omp_set_num_threads is cheap) instead of once at load time on another thread.
 void ApplyThreads() {
 #ifdef _OPENMP
   int n = GetRuntime().num_threads;

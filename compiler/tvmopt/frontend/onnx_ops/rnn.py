@@ -357,7 +357,7 @@ def _looped(op: str, module_bb, bb, inputs, attr):
     xw = relax.op.reshape(xw, relax.ShapeExpr([steps, batch, num_dirs * gates * hidden]))
     zeros = relax.op.zeros(relax.ShapeExpr([num_dirs, batch, hidden]), dtype)
     rt = relax.op.permute_dims(r, [0, 2, 1])  # [D, H, G*H]
-    if splits_units(op, hidden):  # packed per vector of units: [D, H/L, H, G, L]
+    if splits_units(gates, hidden):  # packed per vector of units: [D, H/L, H, G, L]
         rt = relax.op.permute_dims(relax.op.reshape(rt, relax.ShapeExpr(
             [num_dirs, hidden, gates, hidden // UNITS_PER_VECTOR, UNITS_PER_VECTOR])),
             [0, 3, 1, 2, 4])

@@ -31,10 +31,10 @@ import re
 # accumulators stay few: LLVM keeps the fast-math constants of the gate loop in registers
 # across the whole step, and with 2 x 4 accumulators the reduction spilled to the stack.
 _LANES = 16
-# The units of one vector, which a packed R groups (rnn.py packs it where splits_units).
-UNITS_PER_VECTOR = _LANES
 _CHUNKS = 2
 _ROWS = 2
+# The units of one vector, which a packed R groups (rnn.py packs it where splits_units).
+UNITS_PER_VECTOR = _LANES
 # Elements of R (per direction) from which the hidden units are split across the threads at
 # every step rather than batch rows across them for all steps: a matrix past a core's L2
 # would be streamed from memory at every step, while a slice per core stays in its cache, and
@@ -59,10 +59,10 @@ _TIR_ACTS = {
 }
 
 
-def splits_units(op: str, hidden: int) -> bool:
-    """Whether the kernel of this node splits the hidden units across the threads at every
-    step (see _SPLIT_MIN); R is then passed packed per vector of units (loop_kernel)."""
-    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+def splits_units(gates: int, hidden: int) -> bool:
+    """Whether the kernel of a node with this many gates splits the hidden units across the
+    threads at every step (see _SPLIT_MIN); R is then passed packed per vector of units
+    (loop_kernel)."""
     return hidden % _LANES == 0 and hidden * gates * hidden >= _SPLIT_MIN
 
 
@@ -195,7 +195,7 @@ def loop_kernel(op: str, hidden: int, dtype: str, directions, *, clip=None,
     lstm = op == "LSTM"
     H, GH, D = hidden, gates * hidden, len(directions)  # noqa: N806 - the ONNX names
     i64 = "T.int64({})".format
-    split = splits_units(op, hidden)
+    split = splits_units(gates, hidden)
     zero = _const(0.0, dtype)
     one = _const(1.0, dtype)
     params = ["xw", "rt", "rb", "h0"] + (["c0"] if lstm else []) + (["p"] if peepholes else []) \
