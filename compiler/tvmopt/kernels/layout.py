@@ -25,6 +25,19 @@ def _const_array(e) -> np.ndarray | None:
     return None
 
 
+def _scalar(e) -> float | None:
+    """The value of a one-element tensor constant or of a scalar (R.clip's bounds), else
+    None."""
+    arr = _const_array(e)
+    if arr is not None:
+        return float(arr.reshape(())) if arr.size == 1 else None
+    # R.prim_value(...) is an IntImm/FloatImm expression in 0.27.
+    if isinstance(e, tvm.ir.expr.Constant) and isinstance(getattr(e, "value", None),
+                                                          (int, float)):
+        return float(e.value)
+    return None
+
+
 def _f32_shape(expr) -> list | None:
     """A float32 tensor's dims: ints where static, the PrimExpr where symbolic; None when the
     rank is unknown or the tensor is not float32."""

@@ -40,7 +40,8 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ..files import cache_root
-from .layout import _const_array, _f32_shape, _static_f32_shape, channels_last, lift_clip
+from .layout import (_const_array, _f32_shape, _scalar, _static_f32_shape, channels_last,
+                     lift_clip)
 
 CONV_FUNC = "tvmopt.onednn.conv2d"
 MATMUL_FUNC = "tvmopt.onednn.matmul"
@@ -732,17 +733,6 @@ def _bias_ok(bias_expr, channels: int, ndim_out: int, channel_axis: int) -> bool
     # Broadcasts along the channel axis only: (C,1,1), (1,C,1,1) for conv; (N,), (1,N) for matmul.
     full = [1] * (ndim_out - len(shape)) + shape
     return all(d == 1 for i, d in enumerate(full) if i != channel_axis)
-
-
-def _scalar(e) -> float | None:
-    arr = _const_array(e)
-    if arr is not None:
-        return float(arr.reshape(())) if arr.size == 1 else None
-    # R.prim_value(...) is an IntImm/FloatImm expression in 0.27.
-    if isinstance(e, tvm.ir.expr.Constant) and isinstance(getattr(e, "value", None),
-                                                          (int, float)):
-        return float(e.value)
-    return None
 
 
 def _clip_bounds(call, ctx) -> tuple[float, float] | None:
