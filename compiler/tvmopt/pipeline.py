@@ -121,14 +121,16 @@ def _precision(target, cfg):
 
 
 def _fast_math(target, cfg):
+    from .passes.dynamic_quant import ZeroPointZero
     from .passes.fast_math import FastMath
     from .passes.recurrent import LoopRecurrent
 
     # Legalizes the whole module, static or symbolic: the fast kernels must be built from the
     # same re-derived shapes as their neighbours for FuseTIR to fuse them (see the pass).
     # Recurrent layers no library took (or no dispatch ran) become their loop kernels and
-    # plain ops first.
-    return [LoopRecurrent, FastMath]
+    # plain ops first. ZeroPointZero after the dispatch, whose dynamic int8 patterns read the
+    # zero point as imported, and before legalization, while the ops are still ops.
+    return [ZeroPointZero, LoopRecurrent, FastMath]
 
 
 def _layout(target, cfg):
@@ -143,13 +145,16 @@ def _layout(target, cfg):
 
 def _dispatch_library(target, cfg):
     from .kernels import dispatch
+    from .passes.dynamic_quant import DropNonNegativeMin
 
     def build_with(mod, **overrides):
         # The two sides of each kernel timing, built the way the final module may be.
         return build(mod, target, PipelineConfig(dispatch="codegen", channels_last=False,
                                                  **overrides))
 
-    return dispatch.library_passes(target, cfg, build_with, quiet=unrecorded)
+    # DropNonNegativeMin before the dispatch, which takes activations into library calls.
+    return [DropNonNegativeMin, *dispatch.library_passes(target, cfg, build_with,
+                                                         quiet=unrecorded)]
 
 
 def _fuse_legalize(target, cfg):
