@@ -58,3 +58,21 @@ def accuracy_report(art, imported, cfg, hw: HardwareTarget, opts, log=print) -> 
                                 f"--max-error {opts.max_error:g}; use --precision fp32 or raise "
                                 "the limit")
     return report
+
+
+def own_arithmetic_report(art, opts, log=print) -> dict:
+    """The accuracy record of a pre-quantized model built with no precision rewrite: its int8
+    arithmetic is the model's own (its quantize / dequantize steps), so there is no fp32 build
+    of a rewritten graph to measure against. The reference for the artifact itself is
+    onnxruntime, which `--verify` runs."""
+    from ..runtime.artifact import update_manifest
+
+    report = {"reference": None, "precision": art.manifest["precision"]["default"],
+              "outputs": [], "max_error_limit": opts.max_error,
+              "note": "no precision rewrite: the integer arithmetic is the model's own "
+                      "quantization; --verify compares the artifact with onnxruntime"}
+    prec = art.manifest["precision"]
+    prec["accuracy"] = report
+    update_manifest(art, precision=prec)
+    log(f"accuracy {report['precision']}: {report['note']}")
+    return report

@@ -149,7 +149,7 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
     from ..front import fuse_and_plan, options_differ, pipeline_options
     from ..precision.schemes import library_compute
     from ..runtime.artifact import write_artifact
-    from .accuracy import accuracy_report
+    from .accuracy import accuracy_report, own_arithmetic_report
     from .manifest import cuda_report, fallbacks_manifest, kernels_manifest, precision_manifest
 
     timings: dict[str, float] = {}
@@ -301,8 +301,13 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
     timings["export_s"] = time.perf_counter() - t2
     if plan.precision not in ("fp32", "bf16") or any(k.integer_matmul for k in plan.kernels):
         t3 = time.perf_counter()
-        with fallbacks.paused():  # the fp32 reference build is not the artifact's
-            accuracy_report(art, imported, cfg, hw, opts, log)
+        if cfg.precision_passes:
+            with fallbacks.paused():  # the fp32 reference build is not the artifact's
+                accuracy_report(art, imported, cfg, hw, opts, log)
+        else:
+            # A pre-quantized model built as it is: no rewrite whose error two builds of the
+            # graph could show (they would be the same build); --verify checks the artifact.
+            own_arithmetic_report(art, opts, log)
         timings["accuracy_s"] = time.perf_counter() - t3
     result = CompileResult(art, timings, replay=replay, gate=gate)
     if opts.verify:
