@@ -106,6 +106,7 @@ def test_a_record_slower_than_the_default_schedule_is_dropped(tmp_path, monkeypa
     assert all(c.cached and not c.kept for c in again)
 
 
+@pytest.mark.slow  # a database replay and a compile with timing: the longest test here
 def test_compile_with_a_database_records_each_comparison(tmp_path):
     model = tiny_mlp(tmp_path / "mlp.onnx", batch=1, features=32, hidden=32, classes=8)
     db = tmp_path / "db"
@@ -189,3 +190,31 @@ def test_a_slow_record_measures_slower_than_the_default_schedule(tmp_path, monke
         assert c.codegen_by == "default" and c.codegen_ms == round(default_ms, 4)
         assert c.library_ms == round(lib_ms, 4)
         assert c.choice == ("library" if lib_ms < dispatch.MARGIN * default_ms else "codegen")
+
+
+def test_a_kernel_with_two_outputs_is_wrapped_for_timing():
+    """A fused kernel with several outputs (GPT-2's split of the fused q/k/v projection) is
+    called with a tuple type: the timing wrapper must hand call_tir the list of its outputs
+    (compile --db of a tuned GPT-2 raised a TypeError there)."""
+    import numpy as np
+    import tvm
+    from tvm import relax, te
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 6), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            parts = bb.emit_te(lambda t: [te.compute((4, 3), lambda i, j: t[i, j]),
+                                          te.compute((4, 3), lambda i, j: t[i, j + 3] * 2)], x)
+            out = bb.emit_output(relax.TupleGetItem(parts, 1))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    (gv, call), = [v for k, v in prefer._call_sites(mod).items()]
+    assert isinstance(call.ty_args[0], relax.TupleType)
+    wrapped = prefer._wrapper(gv, call)
+    assert wrapped is not None
+    timed = tvm.IRModule({"main": wrapped, gv: mod[gv]})
+    ex = tvm.compile(timed, "llvm")
+    data = np.arange(24, dtype="float32").reshape(4, 6)
+    a, b = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data))
+    np.testing.assert_array_equal(b.numpy(), data[:, 3:] * 2)

@@ -72,9 +72,12 @@ def _wrapper(gv, call):
             return None
     if len(call.args) > 2:  # symbolic-shape tir_vars: not a static workload to time
         return None
+    out_ty = call.ty_args[0]
+    # A kernel with several outputs (a split) has a tuple type; call_tir takes their list.
+    out_ty = list(out_ty.fields) if isinstance(out_ty, relax.TupleType) else out_ty
     bb = relax.BlockBuilder()
     with bb.function("main", params):
-        out = bb.emit(relax.call_tir(gv, relax.Tuple(new_args), call.ty_args[0]))
+        out = bb.emit(relax.call_tir(gv, relax.Tuple(new_args), out_ty))
         bb.emit_func_output(out)
     return bb.get()["main"]
 
