@@ -17,6 +17,11 @@ each runtime's error against onnxruntime, the geometric means, the compile times
 instead (tools/hf_models.py: upstream implementations, random weights): models this project's
 rules were not written against.
 
+`--tune-minutes N` also tunes each model for N minutes (`tvmopt tune --minutes N`, with the
+first `--dispatch` and `--precision`, into a fresh database under OUT/dbs/), compiles it from
+that database and times that build (`tvmopt-tuned`) in the same run, each in its own process:
+what tuning buys over the untuned build and onnxruntime.
+
 `--models dyn:bert4l,dyn:gpt2_4l` exports the token models with symbolic batch and sequence
 (dynamic_axes, as transformers are deployed), compiles that file once (`--dim` bounds from
 `--seqs` and `--batches`) and times the one artifact at every `--seqs` length and batch, beside
@@ -64,6 +69,10 @@ def _args(argv):
                     help="also bench each model's onnxruntime quantization, 'static' (QDQ, "
                          "per-channel) and/or 'dynamic': the int8 file compiled by tvmopt and "
                          "run by the baselines, beside tvmopt's build of the fp32 original")
+    ap.add_argument("--tune-minutes", type=float, default=None, metavar="N",
+                    help="also tune each model for N minutes (tvmopt tune --minutes N, the "
+                         "first --dispatch and --precision) into OUT/dbs/ and time the build "
+                         "compiled from that database (tvmopt-tuned) beside the untuned ones")
     ap.add_argument("--baselines", default=",".join(BASELINES),
                     help="onnxruntime is always run (the ratios' base); openvino and "
                          "openvino-f32 are skipped when openvino is not installed")
@@ -218,6 +227,40 @@ def _variants(args) -> list[tuple[str, str, str]]:
             name = f"tvmopt-{mode}" + (f"-{prec}" if len(precisions) > 1 else "")
             out.append((name, mode, prec))
     return out
+
+
+def _tuned_spec(args, row, path, out) -> dict:
+    """`tvmopt tune PATH --minutes N` into a fresh database, then the build compiled from it,
+    as a user does it: the first --dispatch and --precision, no other option. What the run
+    spent and why it stopped go into the row."""
+    import shutil
+
+    import tvmopt
+    from tvmopt.bench.isolated import Spec
+    from tvmopt.tuning.tune import TuneOptions, tune
+
+    _, mode, prec = _variants(args)[0]
+    db = out / "dbs" / Path(path).stem
+    shutil.rmtree(db, ignore_errors=True)  # the budget is this run's, not an old database's
+    t0 = time.perf_counter()
+    res = tune(TuneOptions(model=path, target=args.target, minutes=args.tune_minutes,
+                           db=str(db), dispatch=mode, precision=prec))
+    row["tuning"] = {
+        "minutes": args.tune_minutes, "wall_s": round(time.perf_counter() - t0, 1),
+        "tasks": len(res.tasks), "trials": res.trials_run, "stopped_by": res.stopped_by,
+        "spent": None if res.spent is None else round(res.spent, 3),
+        "build_failures": res.build_failures, "run_failures": res.run_failures,
+        "estimate_ms": None if res.estimate_s is None else round(res.estimate_s * 1e3, 3),
+        "default_estimate_ms": (None if res.default_estimate_s is None
+                                else round(res.default_estimate_s * 1e3, 3))}
+    print(f"  tuned {Path(path).name}: {row['tuning']}")
+    t0 = time.perf_counter()
+    built = tvmopt.compile_model(tvmopt.CompileOptions(
+        model=path, target=args.target, dispatch=mode, precision=prec, db=str(db),
+        output=str(out / "artifacts" / f"{Path(path).stem}_{mode}_{prec}_tuned")),
+        log=lambda s: None)
+    row["compile_s"]["tuned"] = round(time.perf_counter() - t0, 1)
+    return {"tvmopt-tuned": Spec("tvmopt", str(built.artifact.path))}
 
 
 def _baseline_specs(args, path, source, name, batch) -> dict:
@@ -414,6 +457,8 @@ def main(argv=None) -> int:
             row = {"model": full_name, "batch": batch, "compile_s": {}, "ms": {},
                    "precision": {}}
             specs = _compile_row(args, row, original, out)
+            if args.tune_minutes:
+                specs.update(_tuned_spec(args, row, original, out))
             # the int8 rows' reference build of the original: fp32 if it was built, else the first
             ref_name, _, ref_prec = next((v for v in _variants(args) if v[2] == "fp32"),
                                          _variants(args)[0])
@@ -438,6 +483,15 @@ def main(argv=None) -> int:
             f"{k} {v['p50']:.2f} / {v['p95']:.2f} ({v['ratio_to_ort']:.2f}x)"
             for k, v in r["ms"].items())
             + " | compile " + ", ".join(f"{m} {s}" for m, s in r["compile_s"].items()))
+    untuned = _variants(args)[0][0]
+    for r in rows:
+        if "tvmopt-tuned" in r["ms"] and untuned in r["ms"]:
+            r["tuned_vs_untuned"] = round(r["ms"]["tvmopt-tuned"]["p50"]
+                                          / r["ms"][untuned]["p50"], 3)
+            t = r["tuning"]
+            print(f"{r['model']} b{r['batch']}: tuned / untuned ({untuned}) "
+                  f"{r['tuned_vs_untuned']:.2f}x; {t['trials']} trials on {t['tasks']} tasks "
+                  f"in {t['wall_s']:.0f} s, stopped by {t['stopped_by']}")
     summary = summarize(rows)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({
