@@ -9,6 +9,7 @@ import textwrap
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvmopt.cli.native_log import NATIVE_LOG_LINE
@@ -61,6 +62,7 @@ def test_compile_stderr_holds_no_native_log_lines_unless_verbose(tmp_path):
     assert _native_lines(verbose.stderr), "the model no longer makes TVM log: pick another"
 
 
+@pytest.mark.slow  # plans a model with kernel timing, twice
 def test_plan_fits_80_columns_and_wide_shows_every_column():
     narrow = _tvmopt("plan", env={"COLUMNS": "80"})
     assert narrow.returncode == 0, narrow.stderr

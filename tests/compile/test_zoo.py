@@ -50,7 +50,14 @@ def test_every_family_has_a_representative():
     assert len(zoo_models.ZOO) >= 30
 
 
-@pytest.mark.parametrize("family", sorted(FAMILY_REPRESENTATIVES))
+# The two longest families run in the slow tier: recurrent layers and CNNs have cheaper tests
+# of their own in the default one.
+_SLOW_FAMILIES = {"recurrent", "classification CNN"}
+
+
+@pytest.mark.parametrize("family", [
+    pytest.param(f, marks=[pytest.mark.slow] if f in _SLOW_FAMILIES else [])
+    for f in sorted(FAMILY_REPRESENTATIVES)])
 def test_family_compiles_and_verifies(family, tmp_path, monkeypatch):
     # Two worker threads: a kernel whose tiles raced showed only with more than one.
     monkeypatch.setenv("TVM_NUM_THREADS", "2")
