@@ -252,7 +252,10 @@ def _tuned_spec(args, row, path, out) -> dict:
         "build_failures": res.build_failures, "run_failures": res.run_failures,
         "estimate_ms": None if res.estimate_s is None else round(res.estimate_s * 1e3, 3),
         "default_estimate_ms": (None if res.default_estimate_s is None
-                                else round(res.default_estimate_s * 1e3, 3))}
+                                else round(res.default_estimate_s * 1e3, 3)),
+        # what oneDNN runs, untouched by tuning: the floor of tuned / untuned
+        "library_ms": (None if res.library is None or res.library.untimed
+                       else round(res.library.ms, 3))}
     print(f"  tuned {Path(path).name}: {row['tuning']}")
     t0 = time.perf_counter()
     built = tvmopt.compile_model(tvmopt.CompileOptions(
@@ -491,7 +494,10 @@ def main(argv=None) -> int:
             t = r["tuning"]
             print(f"{r['model']} b{r['batch']}: tuned / untuned ({untuned}) "
                   f"{r['tuned_vs_untuned']:.2f}x; {t['trials']} trials on {t['tasks']} tasks "
-                  f"in {t['wall_s']:.0f} s, stopped by {t['stopped_by']}")
+                  f"in {t['wall_s']:.0f} s, stopped by {t['stopped_by']}"
+                  + (f"; oneDNN {t['library_ms']:.3g} ms untouched: floor "
+                     f"{t['library_ms'] / (t['library_ms'] + t['default_estimate_ms']):.2f}x"
+                     if t.get("library_ms") and t.get("default_estimate_ms") else ""))
     summary = summarize(rows)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({

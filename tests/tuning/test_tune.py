@@ -117,6 +117,51 @@ def test_minutes_budget_ends_the_search_and_says_so(tuned, tmp_path):
     assert "of 0.0 min (time budget reached)" in flat
 
 
+def test_the_library_share_bounds_what_tuning_can_buy():
+    """Kernels oneDNN runs are not tuned: their timed share is what no tuning can go below."""
+    from tvmopt.kernels.dispatch import Choice
+
+    choices = [Choice("conv", 3, "library", 1.0, 2.0),
+               Choice("conv_bf16", 2, "library", 1.0, 2.0, precision="bf16", library_bf16_ms=0.5),
+               Choice("mm", 4, "codegen", 1.0, 0.5)]
+    lib = tune.library_time(choices)
+    assert (lib.calls, lib.ms, lib.untimed) == (5, 3 * 1.0 + 2 * 0.5, 0)
+    # 4 ms on the library, 1 ms in the tuned kernels' default schedules
+    share, floor = tune.ceiling(lib, 1e-3)
+    assert share == pytest.approx(0.2) and floor == pytest.approx(0.8)
+    result = tune.TuneResult(Path("db"), [tune.TaskResult("k", 2, 0.0, 1, 0.25e-3, 0.5e-3)],
+                             library=lib)
+    assert result.untuned_total_s == pytest.approx(5e-3)
+    assert result.tuned_total_s == pytest.approx(4.5e-3)
+    # An untimed library call (a forced --dispatch) leaves no whole-model figure.
+    forced = tune.library_time([*choices, Choice("rnn", 1, "library", None, None)])
+    assert forced.untimed == 1 and tune.ceiling(forced, 1e-3) is None
+    assert tune.TuneResult(Path("db"), result.tasks, library=forced).untuned_total_s is None
+    # Some of the model's tasks left out of the run: no whole-model figure either.
+    partial = tune.TuneResult(Path("db"), result.tasks, library=lib, every_task=False)
+    assert partial.untuned_total_s is None and partial.tuned_total_s is None
+    assert tune.library_time([choices[2]]) is None
+
+
+def test_tune_says_what_share_of_the_model_it_can_change(tmp_path, monkeypatch):
+    """With the convolutions on oneDNN, tune says before the search what share of the kernel
+    time its tasks hold, and after it the whole model's kernel time untuned and tuned."""
+    from tvmopt.kernels import dispatch
+
+    # oneDNN takes every convolution whatever the timings say: the test is of the report.
+    monkeypatch.setattr(dispatch, "MARGIN", float("inf"))
+    model = tiny_conv(tmp_path / "conv.onnx", channels=16, size=8)
+    res = CliRunner().invoke(main, ["tune", model, "--db", str(tmp_path / "db"), "--trials",
+                                    "0", "--dispatch", "auto", "--precision", "fp32"])
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())
+    assert "2 kernels run on oneDNN (--dispatch auto, 2 workloads;" in flat
+    assert "ms per inference as the dispatch timed them): not tuned" in flat
+    assert "the tuned kernels hold " in flat and "of the untuned latency" in flat
+    assert "oneDNN: 2 kernel calls, " in flat and "kernel time per inference: untuned " in flat
+    assert "(1.00x; the tuned kernels held" in flat  # no trials: the records are the defaults
+
+
 def test_a_task_whose_search_ends_early_says_why(tmp_path):
     t = tasks.Task("k", 1, None, 0.0)
     why = tune._why_ended

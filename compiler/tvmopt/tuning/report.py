@@ -47,6 +47,7 @@ def print_tune_result(result) -> None:
     else:
         _console.print(f"whole-model estimate: default schedules {_fmt(base)} -> best {_fmt(est)}"
                        f" ({base / est:.2f}x; sum of weight x latency over the tuned kernels)")
+    _print_library(result)
     unmeasured = [sd for sd in result.seeds if not sd.committed]
     for sd in unmeasured:
         _console.print(f"[yellow]default schedule of {sd.task} not recorded:[/] {sd.error}")
@@ -67,6 +68,28 @@ def print_tune_result(result) -> None:
     if result.interrupted:
         _console.print("[yellow]interrupted:[/] records measured so far are kept; "
                        "rerun the same command to continue")
+
+
+def _print_library(result) -> None:
+    """The kernels tuning did not touch, and the whole model's kernel time before and after."""
+    lib = result.library
+    if lib is None:
+        return
+    if lib.untimed:
+        _console.print(f"oneDNN: {lib.calls} kernel calls, not tuned ({lib.untimed} not timed "
+                       "by the dispatch: no whole-model figure)")
+        return
+    _console.print(f"oneDNN: {lib.calls} kernel calls, {_fmt(lib.ms / 1e3)} per inference as "
+                   "the dispatch timed them, not tuned")
+    from .tune import ceiling
+
+    before, after = result.untuned_total_s, result.tuned_total_s
+    got = ceiling(lib, result.default_estimate_s)
+    if before and after and got:  # None where some tasks were left out of the run
+        share, floor = got
+        _console.print(f"kernel time per inference: untuned {_fmt(before)} -> tuned "
+                       f"{_fmt(after)} ({after / before:.2f}x; the tuned kernels held "
+                       f"{share:.0%} of it, so no tuning could go below {floor:.2f}x)")
 
 
 def _print_budget(result) -> None:

@@ -98,6 +98,44 @@ class TaskResult:
 
 
 @dataclass
+class LibraryTime:
+    """The kernels a library (oneDNN) runs in the tuned module: tuning does not change them,
+    so they bound what it can buy."""
+
+    calls: int  # call sites per inference
+    ms: float  # per inference, over the calls the dispatch timed
+    untimed: int  # calls with no timing (a forced --dispatch, a run-time sequence length)
+
+
+def library_time(choices) -> LibraryTime | None:
+    """Per-inference time of the library calls, as the dispatch timed each at the precision
+    it runs; None when there are none."""
+    calls, ms, untimed = 0, 0.0, 0
+    for c in choices:
+        if c.choice != "library":
+            continue
+        calls += c.sites
+        per_call = c.library_bf16_ms if c.precision == "bf16" else c.library_ms
+        if per_call is None:
+            untimed += c.sites
+        else:
+            ms += per_call * c.sites
+    return LibraryTime(calls, ms, untimed) if calls else None
+
+
+def ceiling(library: LibraryTime | None, default_s: float | None) -> tuple[float, float] | None:
+    """(share of the timed kernel time the tuned kernels hold, the lowest latency tuning can
+    reach as a fraction of the untuned one, were the tuned kernels free), or None when the
+    library is untimed or there is nothing to compare."""
+    if library is None or library.untimed or default_s is None:
+        return None
+    total = library.ms / 1e3 + default_s
+    if total <= 0:
+        return None
+    return default_s / total, library.ms / 1e3 / total
+
+
+@dataclass
 class TuneResult:
     db_dir: Path
     tasks: list[TaskResult]
@@ -115,6 +153,8 @@ class TuneResult:
     stopped_by: str = ""  # "trials", "time", "Ctrl-C", "exhausted" (every task ended), "none"
     option_changes: list = field(default_factory=list)  # vs the options the db was tuned under
     standby: int = 0  # library kernels recorded with their default schedule (see _standby_tasks)
+    library: LibraryTime | None = None  # what the library runs, which tuning does not change
+    every_task: bool = True  # False: --tasks slowest:N or --missing-only left some out
 
     @property
     def estimate_s(self) -> float | None:
@@ -129,6 +169,26 @@ class TuneResult:
         if any(t.default_s is None for t in self.tasks):
             return None
         return sum(t.weight * t.default_s for t in self.tasks)
+
+    @property
+    def untuned_total_s(self) -> float | None:
+        """The kernel time per inference of the untuned build: the library's timed calls plus
+        the tuned tasks' default schedules (None when either is unknown, or when some of the
+        model's tasks were left out of this run)."""
+        if not self.every_task:
+            return None
+        lib = 0.0 if self.library is None else None if self.library.untimed else self.library.ms
+        base = self.default_estimate_s
+        return None if lib is None or base is None else lib / 1e3 + base
+
+    @property
+    def tuned_total_s(self) -> float | None:
+        """The same with the best records in place of the default schedules."""
+        if not self.every_task:
+            return None
+        lib = 0.0 if self.library is None else None if self.library.untimed else self.library.ms
+        est = self.estimate_s
+        return None if lib is None or est is None else lib / 1e3 + est
 
     @property
     def spent(self) -> float | None:
@@ -332,9 +392,12 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     for note in notes:
         console.print(f"note: {note}")
     on_library = [c for c in choices if c.choice == "library"]
-    if on_library:
-        console.print(f"{sum(c.sites for c in on_library)} kernels run on oneDNN "
-                      f"(--dispatch {opts.dispatch}, {len(on_library)} workloads): not tuned")
+    library = library_time(choices)
+    if library is not None:
+        timed = (f"{library.ms:.3g} ms per inference as the dispatch timed them"
+                 + (f", {library.untimed} call(s) untimed" if library.untimed else ""))
+        console.print(f"{library.calls} kernels run on oneDNN (--dispatch {opts.dispatch}, "
+                      f"{len(on_library)} workloads; {timed}): not tuned")
     _require_static(imported.inputs)
     tasks = extract_tasks(mod, target)
     if not tasks:
@@ -362,7 +425,8 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
         db = open_json_database(folder)
         check_record_targets(folder, db.get_all_tuning_records(), target)
         before = len(db.get_all_tuning_records())
-        result = TuneResult(folder, [], trials_before=before, sanitized=sanitized)
+        result = TuneResult(folder, [], trials_before=before, sanitized=sanitized,
+                            library=library)
         if manifest is not None:
             result.option_changes = options_differ(manifest.get("pipeline"), popts)
             if result.option_changes:
@@ -372,6 +436,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
         defaults = _current_defaults(manifest, popts["fingerprint"])
         if opts.missing_only:
             tasks = [t for t, r in zip(tasks, summarize(db, tasks)) if r.best_s is None]
+        result.every_task = keep is None and not opts.missing_only
         remaining = None if opts.trials is None else max(0, opts.trials - before)
         if not tasks:
             remaining = 0
@@ -407,6 +472,8 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
             result.standby = len(standby)
             _write_manifest(folder, hw, target, opts, sha256_file(opts.model),
                             len(db.get_all_tuning_records()), popts, defaults, choices)
+        if result.every_task:
+            _say_ceiling(console, library, tasks, defaults)
         if remaining is None or remaining > 0:
             _search(opts, tasks, target, hw, folder, db, remaining, result, console)
         else:
@@ -423,6 +490,21 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
                 t.trials_run, t.status = prev.trials_run, prev.status
     result.wall_s = time.perf_counter() - t0
     return result
+
+
+def _say_ceiling(console, library, tasks, defaults) -> None:
+    """Before the search: how much of the model's kernel time the tasks hold, so a user whose
+    model runs almost all on the library knows what tuning can buy before spending the budget."""
+    secs = [(defaults.get(_task_key(t)) or {}).get("secs") for t in tasks]
+    if library is None or not tasks or any(s is None for s in secs):
+        return
+    got = ceiling(library, sum(t.weight * s for t, s in zip(tasks, secs)))
+    if got is None:
+        return
+    share, floor = got
+    console.print(f"the tuned kernels hold {share:.0%} of this model's timed kernel time, "
+                  f"oneDNN the rest: even were they free, the build would take {floor:.2f}x of "
+                  "the untuned latency")
 
 
 def _rpc_linker(hw) -> str:
