@@ -143,6 +143,21 @@ def test_the_library_share_bounds_what_tuning_can_buy():
     assert tune.library_time([choices[2]]) is None
 
 
+def test_a_build_almost_all_on_the_library_is_told_it_has_little_to_tune():
+    from rich.console import Console
+    from tvmopt.kernels.dispatch import Choice
+
+    task = tasks.Task("k", 2, None, 0.0)
+    key = tune._task_key
+    for lib_ms, hint in ((0.5, False), (99.0, True)):
+        console = Console(record=True, width=200)
+        lib = tune.library_time([Choice("conv", 1, "library", lib_ms, 2 * lib_ms)])
+        tune._say_ceiling(console, lib, [task], {key(task): {"secs": 0.25e-3}})
+        text = console.export_text()
+        assert f"even were they free, the build would take {lib_ms / (lib_ms + 0.5):.2f}x" in text
+        assert ("tuning has little to work on" in text) == hint, text
+
+
 def test_tune_says_what_share_of_the_model_it_can_change(tmp_path, monkeypatch):
     """With the convolutions on oneDNN, tune says before the search what share of the kernel
     time its tasks hold, and after it the whole model's kernel time untuned and tuned."""
@@ -392,3 +407,25 @@ def test_records_of_another_target_are_refused_whatever_the_manifest_says(tuned,
     assert "cortex-a72" in res.output
     with pytest.raises(TargetError, match="records measured for llvm"):
         tune.tune(tune.TuneOptions(model=model, trials=16, db=str(other), shapes=SHAPE))
+
+
+def test_runner_workers_time_on_as_many_threads_as_an_artifact_runs(monkeypatch):
+    """TVM's pool in a runner worker took its default, half the logical CPUs (one thread on a
+    2-vCPU machine), while schedules are made for every core and artifacts run on every core:
+    a default schedule measured at half its speed. The worker sets the count before its pool
+    starts."""
+    import os
+
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    runner = measure.make_runner()
+    try:
+        got = runner.pool.submit(os.getenv, "TVM_NUM_THREADS").result()
+    finally:
+        runner.pool.shutdown()
+    assert got == str(os.cpu_count())
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")  # an explicit count is the user's, and kept
+    runner = measure.make_runner()
+    try:
+        assert runner.pool.submit(os.getenv, "TVM_NUM_THREADS").result() == "1"
+    finally:
+        runner.pool.shutdown()

@@ -34,6 +34,8 @@ from .tasks import Task, extract_tasks
 _PER_ROUND_TIMED = 16
 # Below this share of the budget spent, the report says per task why the rest was not.
 SPENT_ENOUGH = 0.9
+# A floor of tuned / untuned latency from which tune says tuning has little to work on.
+_LITTLE_TO_TUNE = 0.95
 
 
 def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False,
@@ -505,6 +507,10 @@ def _say_ceiling(console, library, tasks, defaults) -> None:
     console.print(f"the tuned kernels hold {share:.0%} of this model's timed kernel time, "
                   f"oneDNN the rest: even were they free, the build would take {floor:.2f}x of "
                   "the untuned latency")
+    if floor >= _LITTLE_TO_TUNE:
+        console.print("note: tuning has little to work on in this build; --dispatch codegen "
+                      "(on compile too) leaves every kernel to the search, at the cost of "
+                      "oneDNN's kernels")
 
 
 def _rpc_linker(hw) -> str:
