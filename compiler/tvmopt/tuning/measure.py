@@ -3,7 +3,9 @@ that skips the all-intrinsics import, in-range integer arguments, and local or R
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 import sys
 import types
 from pathlib import Path
@@ -150,8 +152,16 @@ def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None,
     evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=40,
                                           enable_cpu_cache_flush=False)
     if not rpc_tracker:
+        from ..kernels.timing import threads
+
+        # The runner's worker processes would otherwise start TVM's pool at its default, half
+        # the logical CPUs (one thread on a 2-vCPU machine), while the schedules are generated
+        # for every core and an artifact runs on every core (runtime.loader): a kernel's
+        # parallel schedule then measured at half speed, and a single-threaded candidate
+        # looked as good as it.
         return ms.runner.LocalRunner(timeout_sec=timeout_sec, evaluator_config=evaluator,
-                                     f_alloc_argument=alloc_arguments_in_range)
+                                     f_alloc_argument=alloc_arguments_in_range,
+                                     initializer=functools.partial(_pool_threads, threads()))
     host, port = parse_host_port(rpc_tracker)
     if not rpc_key:
         raise TuningError("--rpc-tracker needs --rpc-key (the key the servers registered with)")
@@ -159,6 +169,11 @@ def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None,
                               session_timeout_sec=int(timeout_sec))
     return ms.runner.RPCRunner(rpc_config=cfg, evaluator_config=evaluator, max_workers=workers,
                                f_alloc_argument=rpc_alloc_arguments)
+
+
+def _pool_threads(n: str) -> None:
+    """Runner worker initializer: TVM's pool takes `n` threads (read when it first starts)."""
+    os.environ["TVM_NUM_THREADS"] = n
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
