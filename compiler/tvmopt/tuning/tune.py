@@ -177,20 +177,19 @@ class TuneResult:
         """The kernel time per inference of the untuned build: the library's timed calls plus
         the tuned tasks' default schedules (None when either is unknown, or when some of the
         model's tasks were left out of this run)."""
-        if not self.every_task:
-            return None
-        lib = 0.0 if self.library is None else None if self.library.untimed else self.library.ms
-        base = self.default_estimate_s
-        return None if lib is None or base is None else lib / 1e3 + base
+        return self._with_library(self.default_estimate_s)
 
     @property
     def tuned_total_s(self) -> float | None:
         """The same with the best records in place of the default schedules."""
-        if not self.every_task:
+        return self._with_library(self.estimate_s)
+
+    def _with_library(self, tasks_s: float | None) -> float | None:
+        if not self.every_task or tasks_s is None:
             return None
-        lib = 0.0 if self.library is None else None if self.library.untimed else self.library.ms
-        est = self.estimate_s
-        return None if lib is None or est is None else lib / 1e3 + est
+        if self.library is None:
+            return tasks_s
+        return None if self.library.untimed else self.library.ms / 1e3 + tasks_s
 
     @property
     def spent(self) -> float | None:
