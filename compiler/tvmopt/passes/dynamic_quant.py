@@ -38,6 +38,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..kernels.layout import _const_array, _scalar
+from .mutate import rewrite_functions
 
 # Ops whose output is at least 0 whatever their input.
 _NON_NEGATIVE = {"relax.nn.relu", "relax.sigmoid", "relax.exp", "relax.nn.softmax",
@@ -179,19 +180,13 @@ class _DynamicQuantRange(PyExprMutator):
             return value if isinstance(value, relax.Call) else call.args[0]
         return call
 
-    def run(self, mod):
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
-
 
 def _rewrite(mod, zero_point: bool):
     """The rewritten module with its dead bindings removed, or `mod` itself when nothing
     matched: a module without such a quantization is not re-normalized at all (re-deriving
     the types of run-time shapes can lose what a match_cast established)."""
     mutator_ = _DynamicQuantRange(mod, zero_point)
-    new = mutator_.run(mod)
+    new = rewrite_functions(mutator_, mod)
     if not mutator_.changed:
         return mod
     return relax.transform.DeadCodeElimination()(new)

@@ -13,6 +13,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .mutate import rewrite_functions
+
 
 def _is_empty_constant(expr) -> bool:
     """A tensor constant (TVM 0.27: `ir.GenericConst` holding a tensor) with no elements."""
@@ -30,12 +32,6 @@ class _Replace(PyExprMutator):
         shape = relax.ShapeExpr([int(d) for d in op.value.shape])
         return self.builder_.emit(relax.op.builtin.alloc_tensor(shape, str(op.value.dtype), 0))
 
-    def run(self, mod):
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function) and _has_empty_constant(func):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
-
 
 def _has_empty_constant(func) -> bool:
     found = []
@@ -46,4 +42,4 @@ def _has_empty_constant(func) -> bool:
 @tvm.transform.module_pass(opt_level=0, name="tvmopt.EmptyConstantsToAllocs")
 def EmptyConstantsToAllocs(mod, _ctx):  # noqa: N802 - named like the TVM passes beside it
     """Replace every zero-element constant in the module's Relax functions."""
-    return _Replace(mod).run(mod)
+    return rewrite_functions(_Replace(mod), mod, only=_has_empty_constant)

@@ -14,6 +14,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .mutate import rewrite_functions
+
 
 def _pad_widths(call):
     """(before, after) per axis of a constant-zero nn.pad, else None."""
@@ -58,14 +60,8 @@ class _Fold(PyExprMutator):
             dilation=a.dilation, groups=a.groups, data_layout=layout,
             kernel_layout=a.kernel_layout, out_layout=a.out_layout, out_dtype=a.out_dtype)
 
-    def run(self, mod):
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(self.builder_.get())
-
 
 @tvm.transform.module_pass(opt_level=0, name="tvmopt.FoldPadIntoConv")
 def FoldPadIntoConv(mod, _ctx):  # noqa: N802 - named like the TVM passes beside it
     """Fold constant-zero pads over H/W into the conv2d that consumes them."""
-    return _Fold(mod).run(mod)
+    return relax.transform.DeadCodeElimination()(rewrite_functions(_Fold(mod), mod))

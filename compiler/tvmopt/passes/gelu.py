@@ -24,6 +24,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .mutate import rewrite_functions
+
 _RTOL = 1e-5  # constants as exporters round them to float32
 _INV_SQRT2 = 1 / math.sqrt(2)
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
@@ -129,15 +131,9 @@ class _FuseGelu(PyExprMutator):
                 return relax.op.nn.gelu_tanh(x)
         return call
 
-    def run(self, mod):
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
-
 
 @tvm.transform.module_pass(opt_level=0, name="tvmopt.FuseGelu")
 def FuseGelu(mod, _ctx):  # noqa: N802 - named like the TVM passes beside it
     """Spelled-out erf / tanh GELU -> R.nn.gelu / R.nn.gelu_tanh (see the module doc)."""
-    return relax.transform.DeadCodeElimination()(_FuseGelu(mod).run(mod))
+    return relax.transform.DeadCodeElimination()(rewrite_functions(_FuseGelu(mod), mod))
 

@@ -23,6 +23,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .mutate import rewrite_functions
+
 # Exponents with a rewrite; floats only for those that need a float result.
 _FLOAT_ONLY = {0.5, -1.0}
 _EXPONENTS = {0.0, 1.0, 2.0, 3.0, 4.0} | _FLOAT_ONLY
@@ -73,14 +75,8 @@ class _PowerToMultiply(PyExprMutator):
         sq = self.builder_.emit(relax.op.multiply(x, x))
         return relax.op.multiply(sq, x) if c == 3.0 else relax.op.multiply(sq, sq)
 
-    def run(self, mod):
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
-
 
 @tvm.transform.module_pass(opt_level=0, name="tvmopt.PowerToMultiply")
 def PowerToMultiply(mod, _ctx):  # noqa: N802 - named like the TVM passes beside it
     """Rewrite `power(x, c)` for c in {0, 1, 2, 3, 4, 0.5, -1} without pow (see the module doc)."""
-    return _PowerToMultiply(mod).run(mod)
+    return rewrite_functions(_PowerToMultiply(mod), mod)
