@@ -217,3 +217,46 @@ def test_dispatch_gives_each_side_the_roof_of_its_precision(tmp_path, monkeypatc
     flops = [r.floor_ms * 1e-3 * peaks["fp32"] * 1e9 * timing.TURBO for r in lib]
     conv3x3 = 2 * 8 * 8 * 9 * 16 * 16  # the model's 3x3 convolutions, multiply-adds as 2
     assert max(flops) == pytest.approx(conv3x3, rel=0.05), flops
+
+
+def _in_a_fresh_process(code: str, **env) -> str:
+    """stdout of `code` in a new interpreter, TVM_NUM_THREADS as given (unset if absent)."""
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+    environ.update(env)
+    run = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout.strip().splitlines()[-1]
+
+
+def test_the_compile_time_pool_has_the_artifacts_thread_count(tmp_path):
+    """TVM's pool sizes itself once, from TVM_NUM_THREADS, else half the logical CPUs: a
+    compile run from a shell timed tuned records against default schedules on one thread of a
+    2-vCPU machine, while the artifact runs on both (runtime.loader), and kept the wrong
+    ones. compile_model starts the pool at the count its timings assume."""
+    from tests.models import tiny_mlp
+
+    model = tiny_mlp(tmp_path / "m.onnx")
+    code = ("import os, tvm\n"
+            "from tvmopt.interface.compile import CompileOptions, compile_model\n"
+            f"compile_model(CompileOptions(model={model!r}, target='host', "
+            f"output={str(tmp_path / 'a')!r}, shapes={{'x': [1, 32]}}, verify=False), "
+            "log=lambda *a, **k: None)\n"
+            "print(tvm.runtime.num_threads(), os.cpu_count())")
+    pool, cpus = _in_a_fresh_process(code).split()
+    assert pool == cpus
+
+
+def test_a_pool_started_at_another_size_is_reported():
+    code = ("import os, tvm\n"
+            "tvm.runtime.num_threads()\n"  # starts the pool at one thread
+            "os.environ['TVM_NUM_THREADS'] = '2'\n"
+            "from tvmopt.kernels.timing import start_tvm_pool\n"
+            "print(start_tvm_pool())")
+    assert _in_a_fresh_process(code, TVM_NUM_THREADS="1") == "False"
+    assert _in_a_fresh_process("from tvmopt.kernels.timing import start_tvm_pool\n"
+                               "print(start_tvm_pool())") == "True"

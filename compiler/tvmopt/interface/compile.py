@@ -137,7 +137,11 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         TvmoptError: any user-facing failure (model, op, shape, target, build, verification).
     """
     from .. import fallbacks
+    from ..kernels.timing import start_tvm_pool
 
+    # Before any kernel runs: the pool is sized once, and the compile-time timings on it
+    # (tuned records against default schedules) must see the artifact's thread count.
+    start_tvm_pool()
     # Every fallback this compile's own pipeline takes is recorded; the manifest lists them.
     with fallbacks.collect() as events:
         return _compile_model(opts, log, events)

@@ -62,6 +62,24 @@ def threads() -> str:
     return os.environ.get("TVM_NUM_THREADS", str(os.cpu_count()))
 
 
+def start_tvm_pool() -> bool:
+    """Start TVM's thread pool in this process at `threads()`; False when it had already
+    started at another count.
+
+    The pool reads TVM_NUM_THREADS once, when it starts, and otherwise takes half the logical
+    CPUs (one thread on a 2-vCPU machine), while an artifact runs on every core
+    (runtime.loader) and the library side of the dispatch runs oneDNN's team at `threads()`.
+    A kernel timed on TVM's pool (a tuned record against its default schedule, a task's
+    ranking) is only the artifact's time when the pool is that size; timings from a pool of
+    another size are not for the cache.
+    """
+    import tvm
+
+    os.environ.setdefault("TVM_NUM_THREADS", threads())
+    want = threads()
+    return not want.isdigit() or tvm.runtime.num_threads() == int(want)
+
+
 @functools.lru_cache(maxsize=1)
 def codegen_id() -> str:
     """A hash of the code that decides what the codegen side compiles to (the default

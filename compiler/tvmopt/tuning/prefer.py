@@ -102,7 +102,7 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
 
     from .. import pipeline
     from ..errors import TargetError
-    from ..kernels.timing import TimingCache, measure_call, random_inputs
+    from ..kernels.timing import TimingCache, measure_call, random_inputs, start_tvm_pool
     from ..targets.registry import check_host_can_run
     from .tasks import extract_tasks
 
@@ -128,6 +128,7 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
         else:
             todo.append(task.name)
     if todo:
+        sized = start_tvm_pool()  # both sides run on TVM's pool, as the artifact does
         mod = tvm.IRModule()
         names = {}
         for i, name in enumerate(todo):
@@ -156,7 +157,8 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
                 tuned = measure_call(vms["tuned"], fname, inputs)
                 default = measure_call(vms["default"], fname, inputs)
                 timed[name] = (tuned.ms, default.ms, False)
-                if tuned.trusted and default.trusted:  # a busy machine's verdict is not kept
+                # A busy machine's verdict is not kept, nor one from a pool of another size.
+                if tuned.trusted and default.trusted and sized:
                     task, rec = served[name]
                     cache.put(_key(task.mod, rec, target), name, tuned_ms=tuned.ms,
                               default_ms=default.ms)

@@ -372,7 +372,10 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     from .. import stage
     from ..files import sha256_file
     from ..front import options_differ
+    from ..kernels.timing import start_tvm_pool
     from .seed import seed_defaults
+
+    start_tvm_pool()  # the front half's dispatch and the task ranking time kernels on it
 
     stage.enter("tuning", str(opts.model))
     from ..targets.registry import get_target
