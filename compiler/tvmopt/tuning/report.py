@@ -30,15 +30,24 @@ def print_tune_result(result) -> None:
     """Per-task table (default vs best, speed-up, trials), the whole-model estimate, what the
     budget bought, and per task why a search ended early."""
     table = Table(title=f"tuning database {result.db_dir}")
-    for col in ("task", "weight", "FLOPs", "default µs", "best µs", "speed-up", "GFLOP/s",
-                "trials"):
+    for col in ("task", "weight", "FLOPs", "default µs", "best µs", "speed-up", "side by side",
+                "GFLOP/s", "trials"):
         table.add_column(col, justify="left" if col == "task" else "right")
     for t in result.tasks:
+        sb = t.side_by_side
         table.add_row(t.name, str(t.weight), _count(t.flops), _us(t.default_s), _us(t.best_s),
-                      "-" if t.speedup is None else f"{t.speedup:.2f}x",
+                      f"{t.default_s / t.best_s:.2f}x" if t.default_s and t.best_s else "-",
+                      f"{sb.default_s / sb.best_s:.2f}x" if sb else "-",
                       "-" if t.gflops is None else f"{t.gflops:.1f}",
                       f"{t.trials_run}/{t.trials}")
     _console.print(table)
+    if result.retimed:
+        from .retime import ROUNDS
+
+        _console.print(f"side by side: the best record and the default schedule of "
+                       f"{result.retimed} task(s), timed again in {ROUNDS} alternating rounds "
+                       "(the search's best is its luckiest sample); the estimate below uses "
+                       "these, and the default schedule where the record lost")
     est, base = result.estimate_s, result.default_estimate_s
     if est is None:
         _console.print("whole-model estimate: n/a (some tasks have no valid measurement yet)")
