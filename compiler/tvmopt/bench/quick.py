@@ -9,10 +9,11 @@ from __future__ import annotations
 
 
 def latency_summary(artifact_path, model_path, runs: int = 50,
-                    others: dict | None = None) -> list[dict]:
+                    others: dict | None = None, rounds: int = 4) -> list[dict]:
     """Median and P95 latency of the artifact and of onnxruntime (threads = cores).
 
     Args:
+        runs: timed calls per runtime, in `rounds` blocks per runtime of alternating order.
         others: label -> another artifact of the same model, timed in the same interleaved run
             (e.g. the untuned build beside the tuned one); rows come after the artifact's,
             onnxruntime last.
@@ -40,9 +41,9 @@ def latency_summary(artifact_path, model_path, runs: int = 50,
             workers[name] = Worker(name, spec, threads, feeds)
         busy0, me0 = _busy_seconds(children=True)
         t0 = time.perf_counter()
-        # Four rounds of long blocks: steady-state calls, as a server makes them, not mostly
-        # the first ones after the idle gap that wakes each runtime's threads.
-        times = interleaved(workers, runs, block=max(5, runs // 4))
+        # Long blocks: steady-state calls, as a server makes them, not mostly the first ones
+        # after the idle gap that wakes each runtime's threads.
+        times = interleaved(workers, runs, block=max(5, runs // max(1, rounds)))
         busy1, me1 = _busy_seconds(children=True)
     finally:
         for w in workers.values():
