@@ -171,6 +171,13 @@ def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None,
                                f_alloc_argument=rpc_alloc_arguments)
 
 
+def close_runner(runner) -> None:
+    """Shut a LocalRunner's worker processes down now, not in a __del__ at exit (an RPC
+    runner has none)."""
+    if getattr(runner, "pool", None) is not None:
+        runner.pool.shutdown()
+
+
 def _pool_threads(n: str) -> None:
     """Runner worker initializer: TVM's pool takes `n` threads (read when it first starts)."""
     os.environ["TVM_NUM_THREADS"] = n

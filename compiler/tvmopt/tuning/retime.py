@@ -46,7 +46,7 @@ def retime(tasks, results, db, hw, target, builder, runner) -> dict[int, SideByS
     device = "cpu" if target.kind.name == "llvm" else str(target.kind.name)
     todo = []  # (index, [record module, default module])
     for i, (task, res) in enumerate(zip(tasks, results)):
-        if res.best_s is None or res.default_s is None or res.best_s >= res.default_s:
+        if not res.led:
             continue
         rec = db.query_tuning_record(task.mod, target, task.name)
         if rec is None:

@@ -26,7 +26,8 @@ from .database import (MANIFEST_FILE, RECORD_FILE, SanitizeReport, _atomic_write
                        check_tvm_version, db_dispatch, locked, open_json_database, read_manifest,
                        sanitize_files)
 from .interrupt import CtrlC
-from .measure import load_target_intrinsics, make_builder, make_runner, parse_host_port
+from .measure import (close_runner, load_target_intrinsics, make_builder, make_runner,
+                      parse_host_port)
 from .retime import SideBySide
 from .select import parse_selection, slowest
 from .tasks import Task, extract_tasks
@@ -94,6 +95,12 @@ class TaskResult:
         if not self.best_s or not self.flops:
             return None
         return self.flops / self.best_s / 1e9
+
+    @property
+    def led(self) -> bool:
+        """The search's best record measured faster than the default schedule."""
+        return self.best_s is not None and self.default_s is not None and \
+            self.best_s < self.default_s
 
     @property
     def untuned_s(self) -> float | None:
@@ -493,8 +500,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
                 result.seeds = seed_defaults(unseeded, db, hw, target,
                                              make_builder(workers=1), seed_runner)
             finally:
-                if getattr(seed_runner, "pool", None) is not None:
-                    seed_runner.pool.shutdown()
+                close_runner(seed_runner)
             for t, sd in zip(unseeded, result.seeds):
                 defaults[_task_key(t)] = sd.to_json()
             result.standby = len(standby)
@@ -527,8 +533,7 @@ def _retime(opts, hw, target, tasks, db, result, console) -> None:
     (tuning/retime.py): the report's speed-ups are then not a lucky sample's."""
     from .retime import ROUNDS, retime
 
-    n = sum(1 for t in result.tasks
-            if t.best_s is not None and t.default_s is not None and t.best_s < t.default_s)
+    n = sum(1 for t in result.tasks if t.led)
     if not n:
         return
     console.print(f"timing the best record of {n} task(s) against the default schedule, "
@@ -538,8 +543,7 @@ def _retime(opts, hw, target, tasks, db, result, console) -> None:
     try:
         timed = retime(tasks, result.tasks, db, hw, target, builder, runner)
     finally:
-        if getattr(runner, "pool", None) is not None:
-            runner.pool.shutdown()
+        close_runner(runner)
     for i, sb in timed.items():
         result.tasks[i].side_by_side = sb
 
@@ -641,9 +645,7 @@ def _search(opts, tasks, target, hw, folder, db, remaining, result, console):
             if not ctrl_c.is_stop_error(err):
                 raise
         finally:
-            # Shut the runner's worker pool down here, not in a __del__ at exit.
-            if getattr(runner, "pool", None) is not None:
-                runner.pool.shutdown()
+            close_runner(runner)
         result.interrupted = ctrl_c.requested
         timed_out = ctrl_c.stopped and not ctrl_c.requested  # StopTuning at the deadline
     result.search_s = time.monotonic() - t_start
