@@ -39,9 +39,6 @@ def _note_load(rows) -> None:
               help="Timed calls per build and per onnxruntime (in ten interleaved rounds).")
 def demo(target, output, runs):
     """The main job on the bundled model: compile, verify against onnxruntime, run, time."""
-    # The latency table runs onnxruntime with threads = cores; give TVM's pool the same (its
-    # default is half the logical cores), before compiling starts the pool.
-    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     from ..interface.compile import CompileOptions, compile_model
     from ..bench.quick import latency_summary
     from ..report import print_compile_result, print_latency_summary

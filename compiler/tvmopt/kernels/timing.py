@@ -75,8 +75,7 @@ def start_tvm_pool() -> bool:
     """
     import tvm
 
-    os.environ.setdefault("TVM_NUM_THREADS", threads())
-    want = threads()
+    want = os.environ.setdefault("TVM_NUM_THREADS", threads())
     return not want.isdigit() or tvm.runtime.num_threads() == int(want)
 
 
