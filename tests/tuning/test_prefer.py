@@ -39,17 +39,17 @@ def _naive_records(fused, target):
     return db
 
 
-def _scripted(monkeypatch, module, times):
-    """Make `module.measure_call` return `times` in order (trusted measurements); returns the
-    list of calls made."""
+def _scripted(monkeypatch, module, pairs):
+    """Make `module.measure_paired` return `pairs` in order, each (tuned ms, default ms,
+    ratio), as trusted measurements; returns the list of calls made."""
     calls = []
 
-    def fake(vm, name, inputs, roof=None):
-        calls.append(name)
-        ms = times[len(calls) - 1]
-        return Measurement(ms, ms, 0.0)
+    def fake(f_a, f_b, inputs, rounds=timing.PAIR_ROUNDS):
+        calls.append((f_a, f_b))
+        a, b, ratio = pairs[len(calls) - 1]
+        return timing.Paired(a, b, ratio, 0.0, rounds)
 
-    monkeypatch.setattr(module, "measure_call", fake)
+    monkeypatch.setattr(module, "measure_paired", fake)
     return calls
 
 
@@ -63,13 +63,16 @@ def test_a_record_is_kept_only_where_it_times_faster(tmp_path, monkeypatch):
     assert len(tasks) == 2
     rep = replay.Replay(_naive_records(fused, hw.to_tvm()), tmp_path, "x", [], [], None, None)
     cache = TimingCache(tmp_path / "timings.json")
-    # per task: tuned, then default; the second task is a tie, which the default wins
-    calls = _scripted(monkeypatch, timing, [1.0, 2.0, 3.0, 3.0])
+    # The verdict is the rounds' ratio, not the two medians: the first task's medians favour
+    # the default, but within the rounds the record was faster; the second task is within
+    # KEEP_BELOW of a tie, which the default wins.
+    assert 0.9 < prefer.KEEP_BELOW <= 0.98
+    calls = _scripted(monkeypatch, timing, [(2.1, 2.0, 0.9), (2.9, 3.0, 0.98)])
 
     got = prefer.prefer_default_where_faster(rep, hw, fused, cache=cache)
-    assert len(calls) == 4
-    assert [(c.task, c.tuned_ms, c.default_ms, c.kept, c.cached) for c in got] == [
-        (tasks[0].name, 1.0, 2.0, True, False), (tasks[1].name, 3.0, 3.0, False, False)]
+    assert len(calls) == 2
+    assert [(c.task, c.tuned_ms, c.default_ms, c.ratio, c.kept, c.cached) for c in got] == [
+        (tasks[0].name, 2.1, 2.0, 0.9, True, False), (tasks[1].name, 2.9, 3.0, 0.98, False, False)]
     left = rep.db.get_all_tuning_records()
     assert len(left) == 1 and tvm_ffi.structural_equal(left[0].workload.mod, tasks[0].mod)
 
@@ -79,6 +82,37 @@ def test_a_record_is_kept_only_where_it_times_faster(tmp_path, monkeypatch):
     again = prefer.prefer_default_where_faster(rep2, hw, fused, cache=TimingCache(cache.path))
     assert not calls
     assert [(c.kept, c.cached) for c in again] == [(True, True), (False, True)]
+
+
+def test_a_loaded_machine_verdict_is_used_but_not_cached(tmp_path, monkeypatch):
+    hw = get_target("host")
+    model = tiny_mlp(tmp_path / "mlp.onnx", batch=64, features=256, hidden=256, classes=256)
+    fused, _, _ = tune.fused_module(model, SHAPES, hw)
+    rep = replay.Replay(_naive_records(fused, hw.to_tvm()), tmp_path, "x", [], [], None, None)
+    monkeypatch.setattr(timing, "measure_paired",
+                        lambda f_a, f_b, inputs: timing.Paired(1.0, 2.0, 0.5, 1.5, 7))
+    got = prefer.prefer_default_where_faster(rep, hw, fused,
+                                             cache=TimingCache(tmp_path / "t.json"))
+    assert [c.kept for c in got] == [True, True]
+    assert TimingCache(tmp_path / "t.json").data == {}
+
+
+def test_paired_rounds_compare_within_a_round(monkeypatch):
+    # The host runs slow for a spell over the first two rounds, the record at 2.0 in it and the
+    # default at 1.0 once it is over: timed one after the other, the record would lose; three
+    # rounds out of the spell decide.
+    spell = iter([2.0, 3.0, 1.6, 2.0, 0.8, 1.0, 1.0, 0.8, 0.8, 1.0])
+    order = []
+
+    def sample(f, inputs, batches=5):
+        order.append(f)
+        return next(spell), 0.0, 0.0
+
+    monkeypatch.setattr(timing, "_sample", sample)
+    got = timing.measure_paired("tuned", "default", [], rounds=5)
+    assert order == ["tuned", "default", "default", "tuned"] * 2 + ["tuned", "default"]
+    assert got.ratio == pytest.approx(0.8) and got.rounds == 5 and got.trusted
+    assert (got.a_ms, got.b_ms) == (0.8, 1.0)
 
 
 @pytest.mark.slow

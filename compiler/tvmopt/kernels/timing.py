@@ -38,6 +38,9 @@ TIMING_METHOD = "both-sides-on-the-openmp-team"
 FOREIGN_LOAD_LIMIT = 0.25
 SPREAD = 1.3
 RETRIES = 2  # re-timings of an untrusted measurement before it is returned as it is
+# Rounds of `measure_paired`, and the batched samples each side takes per round.
+PAIR_ROUNDS = 7
+PAIR_BATCHES = 3
 # The host's peaks are at the reference part's base clock; a core in turbo runs up to this much
 # faster, so the floor divides by it.
 TURBO = 2.0
@@ -339,8 +342,8 @@ def _busy_seconds(children: bool = False) -> tuple[float, float]:
     return busy, own
 
 
-def _sample(f, inputs) -> tuple[float, float, float]:
-    """(best ms, median ms, foreign load) of five batched samples of ~6 ms each."""
+def _sample(f, inputs, batches: int = 5) -> tuple[float, float, float]:
+    """(best ms, median ms, foreign load) of `batches` batched samples of ~6 ms each."""
     f(*inputs)  # first call: oneDNN reorders its weights then; not a steady-state cost
     t0 = time.perf_counter()
     f(*inputs)
@@ -349,7 +352,7 @@ def _sample(f, inputs) -> tuple[float, float, float]:
     samples = []
     busy0, me0 = _busy_seconds()
     w0 = time.perf_counter()
-    for _ in range(5):
+    for _ in range(batches):
         t0 = time.perf_counter()
         for _ in range(number):
             f(*inputs)
@@ -374,6 +377,50 @@ def measure_call(vm, name: str, inputs, roof: Roof | None = None) -> Measurement
         if m.trusted:
             break
     return Measurement(best.ms, best.median_ms, best.foreign_load, attempt, roof)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Two builds of one kernel timed side by side (`measure_paired`).
+
+    Attributes:
+        a_ms, b_ms: each side's median over the rounds of its best sample in the round.
+        ratio: the median over the rounds of a's time over b's in the same round.
+        foreign_load: the median over the rounds of the load other processes put on the host.
+    """
+
+    a_ms: float
+    b_ms: float
+    ratio: float
+    foreign_load: float
+    rounds: int
+
+    @property
+    def trusted(self) -> bool:
+        return self.foreign_load < FOREIGN_LOAD_LIMIT
+
+
+def measure_paired(f_a, f_b, inputs, rounds: int = PAIR_ROUNDS) -> Paired:
+    """Time `f_a(*inputs)` against `f_b(*inputs)` in `rounds` rounds of a short sample of each,
+    in the other order each round, and compare them within each round.
+
+    A microsecond kernel on a shared VM runs at one speed for a spell and at up to twice that
+    for the next (both builds alike), and a spell outlasts a whole `measure_call`: timing one
+    build and then the other compares two spells, not two schedules. Within a round both
+    samples fall in the same spell as a rule, so the median of the rounds' ratios is the
+    builds' ratio and a round that straddles two spells is outvoted."""
+    a, b, ratios, loads = [], [], [], []
+    for r in range(rounds):
+        got = {}
+        for side, f in (((0, f_a), (1, f_b)) if r % 2 == 0 else ((1, f_b), (0, f_a))):
+            ms, _, foreign = _sample(f, inputs, batches=PAIR_BATCHES)
+            got[side] = ms
+            loads.append(foreign)
+        a.append(got[0])
+        b.append(got[1])
+        ratios.append(got[0] / got[1])
+    return Paired(float(np.median(a)), float(np.median(b)), float(np.median(ratios)),
+                  float(np.median(loads)), rounds)
 
 
 def time_call(vm, name: str, inputs, dev=None) -> float:

@@ -5,7 +5,10 @@ few trials per task (the usual budget on small machines) a record can be slower 
 default CPU rules. So at compile time each task the database serves is built both ways, each
 in a module of its own kernels as compile builds them (weights bound as constants, so the
 default rules' weight packing folds away as it does in the model), timed, and the record is
-dropped where the default schedule measures as fast or faster. Timings are cached with the
+kept only where it measures faster than the default schedule by more than a tie. The two
+builds of a task are timed side by side in alternating rounds and compared within each round
+(kernels.timing.measure_paired): timed one after the other, a record of a microsecond kernel
+was kept by one compile and dropped by the next on the same host. Timings are cached with the
 dispatch timings (same host identity), keyed by the task, the record and the target.
 """
 
@@ -16,16 +19,21 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-METHOD = "task-in-a-module-of-its-own"
+METHOD = "task-in-a-module-of-its-own, paired rounds"
+# A record is kept when it takes less than this share of the default schedule's time in the
+# paired rounds. Closer is a tie, which the default schedule wins: a kernel whose two builds
+# differ by a percent or so (a transpose, a mean) would otherwise flip between compiles.
+KEEP_BELOW = 0.97
 
 
 @dataclass
 class Comparison:
     task: str
-    tuned_ms: float | None
+    tuned_ms: float | None  # medians over the paired rounds
     default_ms: float | None
     kept: bool
     cached: bool = False
+    ratio: float | None = None  # median over the rounds of tuned / default in the same round
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -102,7 +110,7 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
 
     from .. import pipeline
     from ..errors import TargetError
-    from ..kernels.timing import TimingCache, measure_call, random_inputs, start_tvm_pool
+    from ..kernels.timing import TimingCache, measure_paired, random_inputs, start_tvm_pool
     from ..targets.registry import check_host_can_run
     from .tasks import extract_tasks
 
@@ -122,7 +130,7 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
             continue
         served[task.name] = (task, rec)
         key = _key(task.mod, rec, target)
-        hit = cache.get(key, ("tuned_ms", "default_ms"))
+        hit = cache.get(key, ("tuned_ms", "default_ms", "ratio"))
         if hit is not None:
             timed[task.name] = (*hit, True)
         else:
@@ -154,25 +162,25 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
                 vms[side] = relax.VirtualMachine(tvm.runtime.load_module(path), dev)
             for name, fname in names.items():
                 inputs = [tvm.runtime.tensor(a, dev) for a in random_inputs(mod[fname], rng)]
-                tuned = measure_call(vms["tuned"], fname, inputs)
-                default = measure_call(vms["default"], fname, inputs)
-                timed[name] = (tuned.ms, default.ms, False)
+                pair = measure_paired(vms["tuned"][fname], vms["default"][fname], inputs)
+                timed[name] = (pair.a_ms, pair.b_ms, pair.ratio, False)
                 # A busy machine's verdict is not kept, nor one from a pool of another size.
-                if tuned.trusted and default.trusted and sized:
+                if pair.trusted and sized:
                     task, rec = served[name]
-                    cache.put(_key(task.mod, rec, target), name, tuned_ms=tuned.ms,
-                              default_ms=default.ms)
+                    cache.put(_key(task.mod, rec, target), name, tuned_ms=pair.a_ms,
+                              default_ms=pair.b_ms, ratio=pair.ratio)
         cache.save()
     out, drop = [], []
     for name, (task, rec) in served.items():
         if name not in timed:
             out.append(Comparison(name, None, None, True))  # not timeable here: kept
             continue
-        t_ms, d_ms, cached = timed[name]
-        kept = t_ms < d_ms
+        t_ms, d_ms, ratio, cached = timed[name]
+        kept = ratio < KEEP_BELOW
         if not kept:
             drop.append(task.mod)
-        out.append(Comparison(name, round(t_ms, 4), round(d_ms, 4), kept, cached))
+        out.append(Comparison(name, round(t_ms, 4), round(d_ms, 4), kept, cached,
+                              round(ratio, 4)))
     if drop:
         replay.db = _without(replay.db, drop)
     return out
