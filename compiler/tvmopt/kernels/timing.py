@@ -386,7 +386,7 @@ class Paired:
     Attributes:
         a_ms, b_ms: each side's median over the rounds of its best sample in the round.
         ratio: the median over the rounds of a's time over b's in the same round.
-        foreign_load: the median over the rounds of the load other processes put on the host.
+        foreign_load: the median over all samples of the load other processes put on the host.
     """
 
     a_ms: float
