@@ -433,3 +433,15 @@ def test_runner_workers_time_on_as_many_threads_as_an_artifact_runs(monkeypatch)
         assert runner.pool.submit(os.getenv, "TVM_NUM_THREADS").result() == "1"
     finally:
         runner.pool.shutdown()
+
+
+def test_the_fingerprint_leaves_out_only_how_kernels_are_timed(monkeypatch):
+    """How a kernel is timed shapes no task, so a change there must not tell every database's
+    user that its records may be stale; every excluded path must exist, or the exclusion has
+    gone stale after a rename."""
+    pkg = Path(front.__file__).resolve().parent
+    assert front._NOT_FINGERPRINTED == ("kernels/timing.py",)
+    assert all((pkg / p).is_file() for p in front._NOT_FINGERPRINTED)
+    with_it_left_out = front.pipeline_fingerprint()
+    monkeypatch.setattr(front, "_NOT_FINGERPRINTED", ())
+    assert front.pipeline_fingerprint() != with_it_left_out
