@@ -257,6 +257,28 @@ def test_auto_keeps_bf16_where_it_is_faster_and_within_the_gate(tmp_path, bf16_a
     assert res.verification[0].max_abs > 1e-6  # it did run in bf16
 
 
+def test_bf16_within_the_gain_of_fp32_is_not_worth_its_error(tmp_path, monkeypatch):
+    """bf16 costs accuracy, so a library call stays fp32 unless bf16 takes under
+    LOWER_PRECISION_GAIN of its time: a gain inside the timing noise flipped from one compile
+    to the next."""
+    needs_bf16_host()
+    from tvmopt.kernels import dispatch, timing
+
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
+    gain = dispatch.LOWER_PRECISION_GAIN
+    # per kernel: oneDNN fp32, oneDNN bf16 just short of the gain, then the default schedules
+    times = iter([2.0, 2.0 * gain + 0.01, 4.0] * 20)
+    monkeypatch.setattr(dispatch, "measure_call", lambda vm, name, inputs, roof=None:
+                        timing.Measurement(*(2 * [next(times)]), 0.0))
+    res, logged = _compile(_cnn(tmp_path), tmp_path / "a")
+    choices = res.artifact.manifest["kernels"]["choices"]
+    assert choices and all(c["choice"] == "library" and c["precision"] == "fp32"
+                           and "fp32 kept: bf16 not 1.1x faster" in c["note"]
+                           for c in choices), choices
+    assert res.artifact.manifest["precision"]["default"] == "fp32"
+    assert not any("gate: error" in line for line in logged)  # nothing in bf16 to gate
+
+
 def test_a_gate_breach_gives_bf16_back_kernel_by_kernel(tmp_path, bf16_always_faster):
     needs_bf16_host()
     res, logged = _compile(_cnn(tmp_path), tmp_path / "a", max_error=1e-9)

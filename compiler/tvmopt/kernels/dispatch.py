@@ -30,6 +30,10 @@ from .timing import (TimingCache, cache_key, distinct_dim_names, measure_call, r
                      roof, timing_dims)
 
 MARGIN = 0.95  # library chosen when library_ms < MARGIN * codegen_ms
+# A lower compute precision (bf16) of a library call is chosen only when it takes under this
+# share of the fp32 call's time: it costs accuracy, so a speed-up within timing noise does not
+# pay for it, and such near-ties flipped from one compile to the next.
+LOWER_PRECISION_GAIN = 0.9
 
 
 @dataclass
@@ -379,6 +383,10 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
         lib = ({"int8": t["library_ms"]} if quant
                else {c: t[lib_fields[c]] for c in allowed(k)})
         best = min(lib, key=lib.get)
+        near_tie = (best != "fp32" and not quant and "fp32" in lib
+                    and lib[best] >= LOWER_PRECISION_GAIN * lib["fp32"])
+        if near_tie:
+            best = "fp32"
         use_lib = lib[best] < MARGIN * t["codegen_ms"]
         # A timing taken under load cannot send a kernel the library takes to codegen: the
         # library call is the same code wherever it lands, while the codegen kernel is timed
@@ -400,6 +408,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
             library_bf16_ms=round(bf16, 4) if bf16 is not None else None,
             trusted=t["trusted"], note="; ".join(filter(None, [
                 t["note"], "bf16 taken back by the accuracy gate" if k in fp32_only else "",
+                f"fp32 kept: bf16 not {1 / LOWER_PRECISION_GAIN:.2g}x faster" if near_tie
+                and use_lib else "",
                 "timed at " + ", ".join(f"{n}={v}" for n, v in dims[k].items())
                 if dims[k] else ""])),
             quantized=quant, dynamic=onednn.is_dynamic(groups[gvs[0]])))
