@@ -226,6 +226,7 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
         # Tuning database: matched against the fused module the "database" phase will see.
         replay = None
         if opts.db:
+            from ..kernels.timing import TimingCache
             from ..tuning.prefer import prefer_default_where_faster
             from ..tuning.replay import replay_database
 
@@ -240,7 +241,8 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
                     + (f"; `tvmopt tune MODEL --db {opts.db} --missing-only` tunes the other "
                        f"{len(replay.misses)}" if replay.misses else ""))
             with fallbacks.paused():  # its trial builds are not the artifact's
-                replay.compared = prefer_default_where_faster(replay, hw, fused, prepack)
+                replay.compared = prefer_default_where_faster(
+                    replay, hw, fused, prepack, cache=TimingCache(read=not opts.retime))
             cfg.database = replay.db
             dropped = [c.task for c in replay.compared if not c.kept]
             if replay.compared:
