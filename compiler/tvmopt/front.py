@@ -19,6 +19,10 @@ _FINGERPRINTED = ("pipeline.py", "front.py", "frontend", "passes", "precision", 
 # Under those folders but shaping neither: how a kernel is timed. A change there would tell
 # every database's user that its records may no longer match when they all do.
 _NOT_FINGERPRINTED = ("kernels/timing.py",)
+# What `options_differ` says when only the fingerprint differs. Most code changes leave every
+# task as it was, and compile knows which tasks still find their records, so that is what it
+# reports to the user rather than this line alone.
+CODE_CHANGED = "pipeline code changed since"
 
 
 def fuse_and_plan(mod, target, hw, cfg: pipeline.PipelineConfig, precision: str,
@@ -76,5 +80,5 @@ def options_differ(recorded: dict | None, current: dict) -> list[str]:
         if key in recorded and recorded[key] != current[key]:
             out.append(f"{key} {recorded[key]} (this compile: {current[key]})")
     if recorded.get("fingerprint") != current["fingerprint"]:
-        out.append("pipeline code changed since")
+        out.append(CODE_CHANGED)
     return out

@@ -89,6 +89,39 @@ def test_compile_says_when_the_database_was_tuned_under_other_options(tuned, tmp
     assert tun["hit_rate"] == 1.0 and len(tun["option_changes"]) == 2
 
 
+def test_changed_pipeline_code_is_news_only_where_a_task_lost_its_record(tuned, tmp_path):
+    """The fingerprint stands in for the task-by-task check compile makes anyway: with every
+    task still served there is nothing to tell; with one gone, compile says why and how to
+    tune it."""
+    model, db, _ = tuned
+    other = _copy_db(db, tmp_path / "other-code")
+    m = json.loads((other / database.MANIFEST_FILE).read_text())
+    m["pipeline"]["fingerprint"] = "0" * 64
+    (other / database.MANIFEST_FILE).write_text(json.dumps(m))
+
+    def compile_with(folder, name):
+        out = tmp_path / name
+        res = CliRunner().invoke(main, ["compile", model, "--shape", "x=1x32", "--db",
+                                        str(folder), "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        return " ".join(res.output.split()), json.loads((out / "manifest.json").read_text())
+
+    flat, man = compile_with(other, "all.tvmopt")
+    assert "tuned under other pipeline options" not in flat
+    assert man["tuning"]["hit_rate"] == 1.0
+    assert man["tuning"]["option_changes"] == [front.CODE_CHANGED]  # still on record
+
+    # Drop every record of the first workload: its task now misses.
+    rec = other / database.RECORD_FILE
+    lines = rec.read_text().splitlines()
+    rec.write_text("".join(ln + "\n" for ln in lines if json.loads(ln)[0] != 0))
+    flat, man = compile_with(other, "one.tvmopt")
+    assert man["tuning"]["hits"] == 1 and len(man["tuning"]["misses"]) == 1
+    assert ("(pipeline code changed since): records of unchanged kernels still apply (1 of 2 "
+            "tasks); `tvmopt tune MODEL --db") in flat
+    assert "--missing-only` tunes the other 1" in flat
+
+
 def test_default_schedules_alone_serve_every_task_of_the_nhwc_module(tmp_path):
     """--trials 0: only the default schedules are measured; they are records of exactly the
     module compile builds (NHWC convolutions, nothing switched off), so --require-db holds."""

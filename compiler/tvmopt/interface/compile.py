@@ -150,7 +150,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
 def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
     from .. import fallbacks, pipeline
     from ..frontend import model_file
-    from ..front import fuse_and_plan, options_differ, pipeline_options
+    from ..front import CODE_CHANGED, fuse_and_plan, options_differ, pipeline_options
     from ..precision.schemes import library_compute
     from ..runtime.artifact import write_artifact
     from .accuracy import accuracy_report, own_arithmetic_report
@@ -234,7 +234,10 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
             replay = replay_database(opts.db, hw, fused, opts.require_db, loaded=loaded)
             replay.option_changes = options_differ((replay.manifest or {}).get("pipeline"),
                                                    pipeline_options(cfg, opts.precision))
-            if replay.option_changes:
+            # Changed code alone is news only where a task lost its record: the hits are the
+            # task-by-task check the fingerprint stands in for.
+            if replay.option_changes and (replay.misses
+                                          or replay.option_changes != [CODE_CHANGED]):
                 log(f"note: database {opts.db} was tuned under other pipeline options ("
                     f"{'; '.join(replay.option_changes)}): records of unchanged kernels still "
                     f"apply ({len(replay.hits)} of {len(replay.hits) + len(replay.misses)} tasks)"
