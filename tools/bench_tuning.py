@@ -1,243 +1,143 @@
 #!/usr/bin/env python3
-"""Latency of the bundled models: tvmopt untuned, tvmopt from the committed database,
-onnxruntime (threads = cores) and PyTorch eager, in one run on one machine.
+"""What tuning buys: each model tuned for N minutes as a user tunes it, then its build from that
+database timed beside the untuned build, onnxruntime and OpenVINO, same run, each runtime in its
+own process; and the tuning targets checked against the figures.
 
-    python tools/bench_tuning.py                      # every bundled model, 200 runs each
-    python tools/bench_tuning.py --models resnet_cnn --runs 100
-    python tools/bench_tuning.py --efficiency-db /tmp/full_db --efficiency-model resnet_cnn
-    python tools/bench_tuning.py --models "" --efficiency-db /tmp/r18-db \\
-        --efficiency-model /tmp/large/resnet18.onnx --efficiency-shape input=1x3x224x224
+    python tools/bench_tuning.py                        # four models, 20 minutes each
+    python tools/bench_tuning.py --models mobilenetv2 --minutes 5 --json /tmp/t.json
+    python tools/bench_tuning.py --from docs/bench-tuning-20min-zen4-1.json \\
+                                        docs/bench-tuning-20min-zen4-2.json
 
-Prints median and P95 latency (ms) and each median's ratio to onnxruntime. With
---efficiency-db (an unpruned database, records in measurement order) it also compiles the
-model from the first 10/25/50/100% of the records and times each: the tuning efficiency.
-All runtimes get the same random inputs at batch 1; outputs are checked against onnxruntime.
+The run itself is `tools/bench_default.py --tune-minutes N` at batch 1 with the options `tvmopt
+tune MODEL --minutes N --target host` uses by default (dispatch and precision "auto"): tune into
+a fresh database, `compile --db` it, and time it against the untuned build in alternating
+rounds. The models come from `tools/torch_models.py` (random weights, fixed seeds): a CNN, a
+depthwise CNN, an encoder and a decoder, none of them bundled with tvmopt.
+
+Then, per model: tuned / untuned latency, tuned / onnxruntime, the share of the budget spent,
+and the floor (oneDNN's calls, which tuning does not touch, put a bound on tuned / untuned
+that no search can pass). And the targets, each met or not, with the figures behind it:
+  - tuned at most `FASTER` of the untuned latency on all but one model,
+  - tuned never slower than untuned,
+  - tuned at most `VS_ORT` of onnxruntime on the geometric mean,
+  - at least `SPENT` of each run's budget spent, or the reason per task.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
+import math
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
+HERE = Path(__file__).resolve().parent
 
-# Equal thread counts: onnxruntime and torch run with threads = cores, so TVM's pool gets the same
-# (its default is half the logical cores). Set before TVM starts its pool.
-os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
-
-ROOT = Path(__file__).resolve().parent.parent
-# Batch 1, the shapes the committed databases were tuned at (see their tvmopt-db.json).
-SHAPES = {"mobile_cnn": {"input": (1, 3, 96, 96)}, "resnet_cnn": {"input": (1, 3, 96, 96)},
-          "tiny_bert": {"input_ids": (1, 32)}}
-TARGET = "x86"
+MODELS = "resnet18,mobilenetv2,bert4l,gpt2_4l"
+FASTER = 0.85  # tuned / untuned
+VS_ORT = 0.8  # geometric mean of tuned / onnxruntime
+SPENT = 0.9  # share of the budget a run spends
 
 
-def _time(fn, runs: int, warmup: int = 10) -> np.ndarray:
-    for _ in range(warmup):
-        fn()
-    out = np.empty(runs)
-    for i in range(runs):
-        t = time.perf_counter()
-        fn()
-        out[i] = time.perf_counter() - t
-    return out * 1e3
+def _args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=MODELS, help="names from tools/torch_models.py")
+    ap.add_argument("--minutes", type=float, default=20.0, help="tuning budget per model")
+    ap.add_argument("--runs", type=int, default=40, help="timed calls per runtime")
+    ap.add_argument("--baselines", default="onnxruntime,openvino")
+    ap.add_argument("--out", default="/tmp/tvmopt-bench-tuning",
+                    help="models, databases and artifacts go here")
+    ap.add_argument("--json", dest="json_path", default=None,
+                    help="write bench_default's results here (default: OUT/results.json)")
+    ap.add_argument("--from", dest="from_json", nargs="+", default=None, metavar="JSON",
+                    help="check the targets on saved results instead of running")
+    return ap.parse_args(argv)
 
 
-def _stats(ms: np.ndarray) -> dict:
-    return {"median_ms": float(np.median(ms)), "p95_ms": float(np.percentile(ms, 95))}
+def tuned_rows(results: list[dict]) -> list[dict]:
+    """The rows of saved bench_default results that have a tuned build, one per model."""
+    rows = {}
+    for res in results:
+        for r in res["rows"]:
+            if "tuned_vs_untuned" in r:
+                rows[(r["model"], r["batch"])] = {**r, "host": res.get("host")}
+    return list(rows.values())
 
 
-def _feeds(name: str) -> dict:
-    rng = np.random.default_rng(0)
-    if name == "tiny_bert":
-        return {"input_ids": rng.integers(0, 1000, SHAPES[name]["input_ids"]).astype("int64")}
-    return {k: rng.standard_normal(s).astype("float32") for k, s in SHAPES[name].items()}
+def check(rows: list[dict]) -> list[tuple[str, bool, str]]:
+    """Each target as (what it asks, met, the figures)."""
+    if not rows:
+        return []
+    ratios = {r["model"]: r["tuned_vs_untuned"] for r in rows}
+    faster = [m for m, x in ratios.items() if x <= FASTER]
+    need = max(len(rows) - 1, 1)
+    slower = [m for m, x in ratios.items() if x > 1.0]
+    ort = [r["ms"]["tvmopt-tuned"]["ratio_to_ort"] for r in rows]
+    geo = math.exp(sum(math.log(x) for x in ort) / len(ort))
+    spent = {r["model"]: r["tuning"].get("spent") for r in rows}
+    short = [m for m, s in spent.items() if s is None or s < SPENT]
+    return [
+        (f"tuned <= {FASTER}x untuned on {need} of {len(rows)}", len(faster) >= need,
+         f"{len(faster)} of {len(rows)}" + (f" ({', '.join(faster)})" if faster else "")),
+        ("tuned never slower than untuned", not slower,
+         "slower: " + ", ".join(f"{m} {ratios[m]:.2f}x" for m in slower) if slower
+         else f"worst {max(ratios.values()):.2f}x"),
+        (f"tuned <= {VS_ORT}x onnxruntime, geometric mean", geo <= VS_ORT, f"{geo:.2f}x"),
+        (f"budget spent >= {SPENT:.0%}", not short,
+         ", ".join(f"{m} {'-' if s is None else f'{s:.0%}'}" for m, s in spent.items())),
+    ]
 
 
-def _compile(model: Path, name: str, out: Path, db: Path | None):
-    from tvmopt.interface.compile import CompileOptions, compile_model
-
-    opts = CompileOptions(model=str(model), target=TARGET, output=str(out),
-                          shapes={k: v for k, v in SHAPES[name].items()},
-                          db=str(db) if db else None, require_db=db is not None)
-    return compile_model(opts, log=lambda *a: None)
-
-
-def _tvm_fn(artifact: Path, feeds: dict):
-    from tvmopt.runtime.loader import load
-
-    lm = load(artifact)
-    args = lm.to_device(feeds)
-    return (lambda: lm.run_device(args)), (lambda: lm.run(feeds))
-
-
-def _torch_module(name: str):
-    """Rebuild the torch module exactly as tools/make_models.py built the ONNX file."""
-    import torch
-
-    spec = importlib.util.spec_from_file_location("make_models", ROOT / "tools" / "make_models.py")
-    mm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mm)
-    torch.manual_seed(0)
-    cls = {"mobile_cnn": mm.MobileCNN, "resnet_cnn": mm.ResNetCNN, "tiny_bert": mm.TinyBert}[name]
-    module = cls()
-    if name != "tiny_bert":
-        mm._init(module)
-    return module.eval()
-
-
-def bench_model(name: str, model: Path, runs: int, workdir: Path) -> list[dict]:
-    import torch
-
-    from tvmopt.tuning.database import bundled_db_dir
-    from tvmopt.runtime.verify import ort_session
-
-    feeds = _feeds(name)
-    cores = os.cpu_count() or 1
-    sess = ort_session(str(model), threads=cores)
-    ref = sess.run(None, feeds)[0]
-    rows = []
-
-    def add(runtime: str, fn, check, note: str = ""):
-        err = float(np.max(np.abs(check() - ref)))
-        rows.append({"model": name, "runtime": runtime, **_stats(_time(fn, runs)),
-                     "max_abs_err_vs_ort": err, "note": note})
-
-    for label, db in (("tvmopt untuned", None), ("tvmopt tuned (db)", bundled_db_dir(name, "x86-avx2"))):
-        if db is not None and not (db / "database_tuning_record.json").exists():
-            rows.append({"model": name, "runtime": label, "note": f"no committed database at {db}"})
-            continue
-        try:
-            res = _compile(model, name, workdir / f"{name}-{'db' if db else 'plain'}", db)
-        except Exception as err:  # report and go on with the other runtimes
-            rows.append({"model": name, "runtime": label,
-                         "note": "compile failed: " + str(err).split(":")[0][:70]})
-            continue
-        fn, run = _tvm_fn(res.artifact.path, feeds)
-        note = f"hit rate {res.replay.hit_rate:.0%}" if res.replay is not None else ""
-        add(label, fn, lambda: list(run().values())[0], note)
-
-    add("onnxruntime", lambda: sess.run(None, feeds), lambda: sess.run(None, feeds)[0],
-        f"{cores} threads")
-    torch.set_num_threads(cores)
-    module = _torch_module(name)
-    tfeeds = [torch.from_numpy(v) for v in feeds.values()]
-    with torch.inference_mode():
-        add("pytorch eager", lambda: module(*tfeeds), lambda: module(*tfeeds).numpy(),
-            f"{cores} threads")
-    ort = next(r["median_ms"] for r in rows if r["runtime"] == "onnxruntime")
+def report(rows: list[dict]) -> str:
+    lines = []
+    hosts = {json.dumps(r["host"], sort_keys=True) for r in rows if r.get("host")}
+    for h in sorted(hosts):
+        h = json.loads(h)
+        lines.append(f"host: {h['cpu']} ({h['cores']} cores; {' '.join(h['features'])})")
+    lines.append("model        tasks trials spent  floor  untuned  tuned  tuned/untuned  "
+                 "tuned/ort")
     for r in rows:
-        if "median_ms" in r:
-            r["ratio_to_ort"] = r["median_ms"] / ort
-    return rows
-
-
-def _model_feeds(model: Path, shapes: dict) -> dict:
-    """Random inputs for any ONNX file at `shapes` (integer inputs small: valid token ids)."""
-    from tvmopt.frontend.importer import import_onnx
-    from tvmopt.frontend.onnx_model import load_onnx
-    from tvmopt.runtime.loader import random_inputs
-
-    return random_inputs(import_onnx(load_onnx(str(model)), shapes).inputs)
-
-
-def efficiency(name: str, model: Path, full_db: Path, runs: int, workdir: Path,
-               shapes: dict | None = None) -> list[dict]:
-    """Latency after the first 10/25/50/100% of the records (in measurement order).
-
-    `name` is a bundled model, or any label with `shapes` given (e.g. tools/make_large_models.py's
-    ResNet-18); the last row is onnxruntime on the same inputs, threads = cores.
-    """
-    from tvmopt.tuning.database import MANIFEST_FILE, RECORD_FILE, WORKLOAD_FILE
-    from tvmopt.runtime.verify import ort_session
-
-    shapes = shapes or SHAPES[name]
-    records = (full_db / RECORD_FILE).read_text().splitlines()
-    feeds = _feeds(name) if name in SHAPES else _model_feeds(model, shapes)
-    sess = ort_session(str(model), threads=os.cpu_count() or 1)
-    ref = sess.run(None, feeds)[0]
-    rows = []
-    for pct in (10, 25, 50, 100):
-        n = max(1, len(records) * pct // 100)
-        part = workdir / f"eff-{pct}"
-        part.mkdir(parents=True, exist_ok=True)
-        (part / WORKLOAD_FILE).write_text((full_db / WORKLOAD_FILE).read_text())
-        (part / RECORD_FILE).write_text("\n".join(records[:n]) + "\n")
-        if (full_db / MANIFEST_FILE).exists():
-            (part / MANIFEST_FILE).write_text((full_db / MANIFEST_FILE).read_text())
-        from tvmopt.interface.compile import CompileOptions, compile_model
-
-        res = compile_model(CompileOptions(model=str(model), target=TARGET,
-                                           output=str(workdir / f"eff-{pct}.tvmopt"),
-                                           shapes=shapes, db=str(part)), log=lambda *a: None)
-        fn, run = _tvm_fn(res.artifact.path, feeds)
-        err = float(np.max(np.abs(list(run().values())[0] - ref)))
-        rows.append({"percent": pct, "trials": n, "hit_rate": res.replay.hit_rate,
-                     **_stats(_time(fn, runs)), "max_abs_err_vs_ort": err})
-    rows.append({"percent": "onnxruntime", "trials": "-", "hit_rate": None,
-                 **_stats(_time(lambda: sess.run(None, feeds), runs)), "max_abs_err_vs_ort": 0.0})
-    return rows
+        t, ms = r["tuning"], r["ms"]
+        untuned = next(k for k in ms if k.startswith("tvmopt-") and k != "tvmopt-tuned")
+        floor = "-" if t.get("floor") is None else f"{t['floor']:.2f}x"
+        spent = "-" if t.get("spent") is None else f"{t['spent']:.0%}"
+        lines.append(f"{r['model']:12s} {t['tasks']:5d} {t['trials']:6d} {spent:>5s} "
+                     f"{floor:>6s} {ms[untuned]['p50']:8.3f} {ms['tvmopt-tuned']['p50']:6.3f} "
+                     f"{r['tuned_vs_untuned']:13.2f}x {ms['tvmopt-tuned']['ratio_to_ort']:9.2f}x"
+                     + (f"  ({t['build_failures']} failed builds)"
+                        if t.get("build_failures") else ""))
+    for what, met, figures in check(rows):
+        lines.append(f"{'met    ' if met else 'NOT MET'} {what}: {figures}")
+    floors = [r["tuning"].get("floor") for r in rows]
+    if any(f is not None and f > FASTER for f in floors):
+        lines.append(f"(a floor above {FASTER}x: oneDNN's calls, untouched by tuning, hold "
+                     "that share of the untuned kernel time)")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    from rich.console import Console
-    from rich.table import Table
+    args = _args(argv)
+    if args.from_json:
+        results = [json.loads(Path(p).read_text()) for p in args.from_json]
+    else:
+        sys.path.insert(0, str(HERE))
+        import bench_default
 
-    from tvmopt.models import bundled
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(SHAPES))
-    ap.add_argument("--runs", type=int, default=200)
-    ap.add_argument("--efficiency-db", type=Path)
-    ap.add_argument("--efficiency-model", default="resnet_cnn",
-                    help="A bundled model, or an .onnx path (then give --efficiency-shape).")
-    ap.add_argument("--efficiency-shape", action="append", default=[], metavar="NAME=1x3x224x224")
-    ap.add_argument("--json", type=Path, help="Also write the rows here.")
-    args = ap.parse_args(argv)
-    console = Console(width=130)
-    models = bundled()
-    all_rows, eff = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in filter(None, args.models.split(",")):
-            all_rows += bench_model(name, models[name], args.runs, Path(tmp))
-        if args.efficiency_db:
-            from tvmopt.frontend.onnx_model import parse_shape_spec
-
-            em = args.efficiency_model
-            path = models[em] if em in models else Path(em)
-            shapes = dict(parse_shape_spec(x) for x in args.efficiency_shape) or None
-            eff = efficiency(em if em in models else path.stem, path, args.efficiency_db,
-                             args.runs, Path(tmp), shapes)
-    table = Table(title=f"batch 1, {os.cpu_count()} cores, {args.runs} runs each, TVM_NUM_THREADS="
-                        f"{os.environ['TVM_NUM_THREADS']}")
-    for col in ("model", "runtime", "median ms", "P95 ms", "x ORT", "max |err| vs ORT", "note"):
-        table.add_column(col, justify="left" if col in ("model", "runtime", "note") else "right")
-    for r in all_rows:
-        has = "median_ms" in r
-        table.add_row(r["model"], r["runtime"], f"{r['median_ms']:.3f}" if has else "-",
-                      f"{r['p95_ms']:.3f}" if has else "-",
-                      f"{r['ratio_to_ort']:.2f}" if has else "-",
-                      f"{r['max_abs_err_vs_ort']:.1e}" if has else "-", r.get("note", ""))
-    console.print(table)
-    if eff:
-        t2 = Table(title=f"tuning efficiency: {args.efficiency_model} from {args.efficiency_db}")
-        ort = eff[-1]["median_ms"]
-        for col in ("% of trials", "trials", "hit rate", "median ms", "P95 ms", "x ORT", "max |err|"):
-            t2.add_column(col, justify="right")
-        for r in eff:
-            t2.add_row(str(r["percent"]), str(r["trials"]),
-                       "-" if r["hit_rate"] is None else f"{r['hit_rate']:.0%}",
-                       f"{r['median_ms']:.3f}", f"{r['p95_ms']:.3f}", f"{r['median_ms'] / ort:.2f}",
-                       f"{r['max_abs_err_vs_ort']:.1e}")
-        console.print(t2)
-    if args.json:
-        args.json.write_text(json.dumps({"rows": all_rows, "efficiency": eff}, indent=2))
+        out = Path(args.out)
+        json_path = args.json_path or str(out / "results.json")
+        rc = bench_default.main([
+            "--models", args.models, "--batches", "1", "--dispatch", "auto",
+            "--precision", "auto", "--tune-minutes", str(args.minutes), "--runs",
+            str(args.runs), "--baselines", args.baselines, "--out", str(out),
+            "--json", json_path])
+        if rc:
+            return rc
+        results = [json.loads(Path(json_path).read_text())]
+    rows = tuned_rows(results)
+    if not rows:
+        print("no tuned build in these results (bench_default.py --tune-minutes N makes them)")
+        return 1
+    print(report(rows))
     return 0
 
 

@@ -20,7 +20,6 @@ measured in the same process.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import tempfile
@@ -34,11 +33,17 @@ os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("bench_tuning", ROOT / "tools" / "bench_tuning.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+# Batch 1, the shapes the bundled databases were tuned at (see their tvmopt-db.json).
+SHAPES = {"mobile_cnn": {"input": (1, 3, 96, 96)}, "resnet_cnn": {"input": (1, 3, 96, 96)},
+          "tiny_bert": {"input_ids": (1, 32)}}
+TARGET = "x86"
+
+
+def _feeds(name: str) -> dict:
+    rng = np.random.default_rng(0)
+    if name == "tiny_bert":
+        return {"input_ids": rng.integers(0, 1000, SHAPES[name]["input_ids"]).astype("int64")}
+    return {k: rng.standard_normal(s).astype("float32") for k, s in SHAPES[name].items()}
 
 
 def build_modes(name: str, model: Path, db: Path, out: Path, modes) -> dict[str, Path]:
@@ -52,10 +57,9 @@ def build_modes(name: str, model: Path, db: Path, out: Path, modes) -> dict[str,
     from tvmopt.tuning.database import db_weight_prepack
     from tvmopt.tuning.replay import replay_database
 
-    bt = _bench_module()
-    hw = get_target(bt.TARGET)
+    hw = get_target(TARGET)
     target = hw.to_tvm()
-    imported = import_onnx(load_onnx(str(model)), bt.SHAPES[name])
+    imported = import_onnx(load_onnx(str(model)), SHAPES[name])
     cfg = pipeline.PipelineConfig(dispatch="codegen", weight_prepack=db_weight_prepack(db))
     fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF)
     cfg.database = replay_database(str(db), hw, fused, True).db
@@ -141,7 +145,6 @@ def main(argv=None) -> int:
     ap.add_argument("--db-root", type=Path, help="Folder holding <model>/ databases "
                                                  "[default: the committed schedules/].")
     args = ap.parse_args(argv)
-    bt = _bench_module()
     models = bundled()
     cores = int(os.environ["TVM_NUM_THREADS"])  # onnxruntime gets as many threads as TVM
     print(f"TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']} "
@@ -152,7 +155,7 @@ def main(argv=None) -> int:
         for name in filter(None, args.models.split(",")):
             db = args.db_root / name if args.db_root else bundled_db_dir(name, "x86-avx2")
             libs = build_modes(name, models[name], db, Path(tmp), args.modes.split(","))
-            feeds = bt._feeds(name)
+            feeds = _feeds(name)
             sess = ort_session(str(models[name]), threads=cores)
             ref = sess.run(None, feeds)[0]
             fns = {"onnxruntime": lambda: sess.run(None, feeds)}
