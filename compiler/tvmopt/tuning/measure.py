@@ -81,7 +81,16 @@ def export_linked(cxx: str, mod) -> str:
     return path
 
 
-def make_builder(timeout_sec: float = 60.0, workers: int = 1, link_with: str | None = None):
+# Seconds one candidate's build may take. A candidate builds in well under a second (the worker's
+# start and imports are not counted); one that takes many times that is an explicit unroll of a
+# large loop nest, which LLVM can take minutes over. The builder works through a batch one
+# candidate at a time, so each such candidate stalls the search for this long, and a shorter
+# limit returns that time to the budget.
+BUILD_TIMEOUT_S = 20.0
+
+
+def make_builder(timeout_sec: float = BUILD_TIMEOUT_S, workers: int = 1,
+                 link_with: str | None = None):
     """A LocalBuilder that works on a 2-core machine (see load_target_intrinsics); with
     `link_with` (a C++ compiler driver) each candidate is exported as a library linked by it."""
     import functools
