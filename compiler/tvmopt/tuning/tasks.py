@@ -20,14 +20,27 @@ class Task:
     flops: float
 
 
-def extract_tasks(mod, target) -> list[Task]:
-    """The tunable fused functions of `mod`, in MetaSchedule's order."""
+def _scheduled(work) -> bool:
+    """A function written already scheduled (a recurrent layer's loop kernel, generic in its
+    sequence and batch dims): MetaSchedule can neither time nor schedule it, and the build
+    keeps it as written, so no database record could apply to it."""
+    return any(obj.attrs is not None and bool(obj.attrs.get("tirx.is_scheduled", False))
+               for obj in (work, work["main"]))
+
+
+def extract_tasks(mod, target, scheduled: list | None = None) -> list[Task]:
+    """The tunable fused functions of `mod`, in MetaSchedule's order; the names of those
+    written already scheduled go to `scheduled` (when given) instead."""
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.analysis import estimate_tir_flops
 
     out = []
     for t in ms.relax_integration.extract_tasks(mod, target):
         work = t.dispatched[0]
+        if _scheduled(work):
+            if scheduled is not None:
+                scheduled.append(t.task_name)
+            continue
         try:
             flops = float(estimate_tir_flops(work))
         except Exception:  # opaque loops (e.g. data-dependent gathers) have no estimate

@@ -434,7 +434,12 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
         console.print(f"{library.calls} kernels run on oneDNN (--dispatch {opts.dispatch}, "
                       f"{len(on_library)} workloads; {timed}): not tuned")
     _require_static(imported.inputs)
-    tasks = extract_tasks(mod, target)
+    scheduled: list = []
+    tasks = extract_tasks(mod, target, scheduled)
+    if scheduled:
+        console.print(f"{', '.join(scheduled)}: written already scheduled (a recurrent "
+                      "layer's loop over its steps), not tuned; tune's time figures leave "
+                      f"{'it' if len(scheduled) == 1 else 'them'} out")
     if not tasks:
         raise TuningError(f"{opts.model}: no tunable functions after fusion")
     keep = parse_selection(opts.tasks)
