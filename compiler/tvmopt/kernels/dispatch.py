@@ -383,7 +383,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
         lib = ({"int8": t["library_ms"]} if quant
                else {c: t[lib_fields[c]] for c in allowed(k)})
         best = min(lib, key=lib.get)
-        near_tie = (best != "fp32" and not quant and "fp32" in lib
+        # (a quantized group's only candidate is int8, so it has no fp32 to tie with)
+        near_tie = (best != "fp32" and "fp32" in lib
                     and lib[best] >= LOWER_PRECISION_GAIN * lib["fp32"])
         if near_tie:
             best = "fp32"
