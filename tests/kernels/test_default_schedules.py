@@ -558,6 +558,28 @@ def test_a_transpose_to_a_short_innermost_axis_reads_rows_not_gathers():
     assert "T.vectorized" not in text[0] and "//" not in text[0], text[0]
 
 
+@pytest.mark.parametrize("n, parallel", [(64, False), (1024, False), (8192, True)])
+def test_only_an_elementwise_kernel_worth_two_threads_runs_in_parallel(n, parallel):
+    """Waking the thread pool costs more than a whole small loop (a mask, a classifier's
+    bias): up to SERIAL_ELEMENTS elements the kernel stays on one thread, vectorized."""
+    import tvm
+
+    from tvmopt import pipeline
+    from tvmopt.kernels.cpu import SERIAL_ELEMENTS
+
+    assert (n > SERIAL_ELEMENTS) == parallel
+    model = _model([helper.make_node("Add", ["x", "y"], ["a"]),
+                    helper.make_node("Tanh", ["a"], ["z"])],
+                   [_vi("x", [1, n]), _vi("y", [1, n])], [_vi("z", [1, n])], [])
+    x, y = (RNG.standard_normal((1, n)).astype("float32") for _ in range(2))
+    got, scheduled = _run(model, {"x": x, "y": y}, pipeline.PipelineConfig(dispatch="codegen"))
+    np.testing.assert_allclose(got, np.tanh(x + y), rtol=1e-5, atol=1e-6)
+    text = [f.script() for f in scheduled.functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(text) == 1
+    assert ("T.parallel" in text[0]) == parallel and "T.vectorized" in text[0], text[0]
+
+
 def test_weights_are_packed_once_beside_a_loop_kernel():
     """A recurrent layer's loop kernel is written scheduled, with no root block, which TVM's
     SplitLayoutRewritePreproc asserts on: every other kernel of such a module used to re-pack

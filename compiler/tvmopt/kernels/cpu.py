@@ -19,6 +19,7 @@ error is a fallback the user should see, so it is recorded (tvmopt.fallbacks) fi
 Schedule primitives check their own legality, so a rule can be slow but not wrong.
 """
 
+import math
 import os
 import re
 import traceback
@@ -285,11 +286,33 @@ def _reads_permuted(sch, block) -> bool:
     return False
 
 
+# A spatial block of at most this many elements runs on one thread: waking the pool costs
+# more than the whole loop (a mask, a classifier's bias, a pooled vector), while a few
+# thousand elements of even a costly op are where the second core starts to pay.
+SERIAL_ELEMENTS = 1024
+
+
+class _Serial:
+    """The schedule's calls with `parallel` a no-op, for a block too small to share out."""
+
+    def __init__(self, sch):
+        self._sch = sch
+
+    def parallel(self, loop):
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._sch, name)
+
+
 def _parallel_vectorize(sch, block, lanes, max_inner=None):
     """Parallelise the outer loops and vectorize the innermost one of a spatial block."""
     loops = sch.get_loops(block)
     if not loops:
         return
+    extents = [_extent(sch, lp) for lp in loops]
+    if all(e is not None for e in extents) and math.prod(extents) <= SERIAL_ELEMENTS:
+        sch = _Serial(sch)
     inner_ext = _extent(sch, loops[-1])
     if any(_symbolic_expression(sch.get(lp).extent) for lp in loops):
         # A loop over an expression of a symbolic dim (a padded image's h + 2): fusing it with
