@@ -292,33 +292,21 @@ def _reads_permuted(sch, block) -> bool:
 SERIAL_ELEMENTS = 1024
 
 
-class _Serial:
-    """The schedule's calls with `parallel` a no-op, for a block too small to share out."""
-
-    def __init__(self, sch):
-        self._sch = sch
-
-    def parallel(self, loop):
-        pass
-
-    def __getattr__(self, name):
-        return getattr(self._sch, name)
-
-
 def _parallel_vectorize(sch, block, lanes, max_inner=None):
-    """Parallelise the outer loops and vectorize the innermost one of a spatial block."""
+    """Parallelise the outer loops and vectorize the innermost one of a spatial block (the
+    same loops without the parallel one up to SERIAL_ELEMENTS elements)."""
     loops = sch.get_loops(block)
     if not loops:
         return
     extents = [_extent(sch, lp) for lp in loops]
-    if all(e is not None for e in extents) and math.prod(extents) <= SERIAL_ELEMENTS:
-        sch = _Serial(sch)
+    serial = all(e is not None for e in extents) and math.prod(extents) <= SERIAL_ELEMENTS
+    parallel = (lambda loop: None) if serial else sch.parallel
     inner_ext = _extent(sch, loops[-1])
     if any(_symbolic_expression(sch.get(lp).extent) for lp in loops):
         # A loop over an expression of a symbolic dim (a padded image's h + 2): fusing it with
         # the others gives an index LLVM codegen cannot split ("padding factor ... is not
         # divisible"). The outer loop alone runs in parallel, the inner one vectorized.
-        sch.parallel(loops[0])
+        parallel(loops[0])
         if len(loops) > 1:
             _vectorize_tail(sch, block, lanes)
         return
@@ -328,12 +316,12 @@ def _parallel_vectorize(sch, block, lanes, max_inner=None):
         # outer loops run in parallel; the inner one stays a plain loop (LLVM vectorizes it
         # where it can), split into vectors here where it provably holds whole ones.
         outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
-        sch.parallel(outer)
+        parallel(outer)
         _vectorize_tail(sch, block, lanes)
         return
     if len(loops) > 1 and inner_ext is not None and inner_ext >= lanes:
         outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
-        sch.parallel(outer)
+        parallel(outer)
         _vectorize_tail(sch, block, lanes)
         return
     if len(loops) > 1 and _reads_permuted(sch, block):
@@ -342,7 +330,7 @@ def _parallel_vectorize(sch, block, lanes, max_inner=None):
         # modulo. The outer loops run in parallel, the short axis is unrolled inside the
         # next one, which LLVM vectorizes on the read's unit stride with interleaved stores.
         outer = sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
-        sch.parallel(outer)
+        parallel(outer)
         sch.unroll(loops[-1])
         return
     # Short innermost extent: treat the whole nest as one flat loop.
@@ -350,10 +338,10 @@ def _parallel_vectorize(sch, block, lanes, max_inner=None):
     ext = _extent(sch, fused)
     if ext is not None and ext % lanes == 0 and ext > lanes:
         outer, vec = sch.split(fused, factors=[None, lanes])
-        sch.parallel(outer)
+        parallel(outer)
         sch.vectorize(vec)
     elif ext is None or ext > 1:
-        sch.parallel(fused)
+        parallel(fused)
 
 
 # Inlining substitutes the producer's expression at every load of its buffer, so a producer
