@@ -122,25 +122,32 @@ def test_changed_pipeline_code_is_news_only_where_a_task_lost_its_record(tuned, 
     assert "--missing-only` tunes the other 1" in flat
 
 
-def test_default_schedules_alone_serve_every_task_of_the_nhwc_module(tmp_path):
-    """--trials 0: only the default schedules are measured; they are records of exactly the
-    module compile builds (NHWC convolutions, nothing switched off), so --require-db holds."""
-    model = tiny_conv(tmp_path / "conv.onnx", channels=16, size=8)
+def _defaults_then_compile(model: str, tmp_path: Path, *compile_args: str):
+    """`tune --trials 0 --dispatch codegen` (the default schedules alone), then `compile
+    --require-db --verify` from that database: (tune's and compile's output flattened, the
+    artifact's manifest)."""
     db = tmp_path / "db"
     res = CliRunner().invoke(main, ["tune", model, "--db", str(db), "--trials", "0",
                                     "--dispatch", "codegen"])
     assert res.exit_code == 0, res.output
-    flat = " ".join(res.output.split())
-    # two convolutions and the NCHW <-> NHWC transposes at the graph's edges
-    assert "0 before + 0 this run (+ 4 default schedules measured)" in flat
+    tuned = " ".join(res.output.split())
     out = tmp_path / "c.tvmopt"
-    res = CliRunner().invoke(main, ["compile", model, "--db", str(db), "--require-db",
-                                    "--verify", "-o", str(out)])
+    res = CliRunner().invoke(main, ["compile", model, "--db", str(db), *compile_args,
+                                    "--require-db", "--verify", "-o", str(out)])
     assert res.exit_code == 0, res.output
-    assert "tuned under other pipeline options" not in res.output
-    manifest = json.loads((out / "manifest.json").read_text())
+    return tuned, " ".join(res.output.split()), json.loads((out / "manifest.json").read_text())
+
+
+def test_default_schedules_alone_serve_every_task_of_the_nhwc_module(tmp_path):
+    """--trials 0: only the default schedules are measured; they are records of exactly the
+    module compile builds (NHWC convolutions, nothing switched off), so --require-db holds."""
+    model = tiny_conv(tmp_path / "conv.onnx", channels=16, size=8)
+    tuned, compiled, manifest = _defaults_then_compile(model, tmp_path)
+    # two convolutions and the NCHW <-> NHWC transposes at the graph's edges
+    assert "0 before + 0 this run (+ 4 default schedules measured)" in tuned
+    assert "tuned under other pipeline options" not in compiled
     assert manifest["tuning"]["hit_rate"] == 1.0 and manifest["tuning"]["hits"] == 4
-    assert "layout NHWC" in " ".join(res.output.split())
+    assert "layout NHWC" in compiled
 
 
 def test_minutes_budget_ends_the_search_and_says_so(tuned, tmp_path):
@@ -512,15 +519,6 @@ def test_a_recurrent_loop_kernel_is_left_out_of_tuning_and_said_so(tmp_path):
     schedule crashed the tune), and no record could apply to it, so compile --require-db
     must not count it as a task the database lacks."""
     model = _lstm_file(tmp_path / "lstm.onnx")
-    db = tmp_path / "db"
-    res = CliRunner().invoke(main, ["tune", model, "--db", str(db), "--trials", "0",
-                                    "--dispatch", "codegen"])
-    assert res.exit_code == 0, res.output
-    flat = " ".join(res.output.split())
-    assert "tvmopt_lstm_loop: written already scheduled" in flat
-    out = tmp_path / "c.tvmopt"
-    res = CliRunner().invoke(main, ["compile", model, "--db", str(db), "--dispatch", "codegen",
-                                    "--require-db", "--verify", "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    tuning = json.loads((out / "manifest.json").read_text())["tuning"]
-    assert tuning["hit_rate"] == 1.0 and tuning["hits"] >= 1
+    tuned, _, manifest = _defaults_then_compile(model, tmp_path, "--dispatch", "codegen")
+    assert "tvmopt_lstm_loop: written already scheduled" in tuned
+    assert manifest["tuning"]["hit_rate"] == 1.0 and manifest["tuning"]["hits"] >= 1
