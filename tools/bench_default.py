@@ -87,7 +87,7 @@ def _args(argv):
     return ap.parse_args(argv)
 
 
-def _geomean(ratios) -> float:
+def geomean(ratios) -> float:
     import numpy as np
 
     return float(np.exp(np.log(np.asarray(ratios, dtype=float)).mean()))
@@ -114,11 +114,11 @@ def summarize(rows: list[dict]) -> dict:
             ran = [r for r in members if k in r["ms"]]
             ratios = np.array([r["ms"][k]["ratio_to_ort"] for r in ran])
             summary[f"{group}: {k}"] = s = {
-                "geomean_ratio": round(_geomean(ratios), 3),
+                "geomean_ratio": round(geomean(ratios), 3),
                 "worst_ratio": round(float(ratios.max()), 3),
                 "worst_rel_err": max(r["rel_err"][k] for r in ran), "rows": len(ran)}
             if len(common) < len(members):
-                s["geomean_ratio_common_rows"] = round(_geomean(
+                s["geomean_ratio_common_rows"] = round(geomean(
                     [r["ms"][k]["ratio_to_ort"] for r in common]), 3)
             print(f"geomean ratio to onnxruntime, {k}: {s['geomean_ratio']:.2f}x "
                   + (f"on {len(ran)} of {len(members)} rows " if len(ran) < len(members) else "")
@@ -170,14 +170,14 @@ def _table(rows: list[dict]) -> list[str]:
             "|---|" + "---|" * (len(builds) + len(others))]
     ratio = {k: [r["ms"][k]["ratio_to_ort"] for r in rows if k in r["ms"]] for k in runners}
     out.append(f"| {len(rows)} rows, geometric mean (worst) | " + " | ".join(
-        f"{_geomean(ratio[k]):.2f}x ({max(ratio[k]):.2f}x)"
+        f"{geomean(ratio[k]):.2f}x ({max(ratio[k]):.2f}x)"
         + (f" on {len(ratio[k])} rows" if len(ratio[k]) < len(rows) else "")
         for k in builds + others) + " |")
     # the same rows for every runtime: those every runtime could run
     common = [r for r in rows if all(k in r["ms"] for k in runners)]
     if len(common) < len(rows):
         out.append(f"| {len(common)} rows every runtime ran, geometric mean | " + " | ".join(
-            f"{_geomean([r['ms'][k]['ratio_to_ort'] for r in common]):.2f}x"
+            f"{geomean([r['ms'][k]['ratio_to_ort'] for r in common]):.2f}x"
             for k in builds + others) + " |")
     if all("rel_err" in r for r in rows):
         out.append("| largest error vs onnxruntime (max abs / max ref) | " + " | ".join(
@@ -216,6 +216,11 @@ def host_description() -> dict:
     return {"cpu": model or platform.processor() or platform.machine(),
             "machine": platform.machine(), "cores": os.cpu_count(),
             "features": [k for k in keys if k in feats]}
+
+
+def host_line(host: dict) -> str:
+    """`host_description` as the tools print it."""
+    return f"host: {host['cpu']} ({host['cores']} cores; {' '.join(host['features'])})"
 
 
 def _variants(args) -> list[tuple[str, str, str]]:
@@ -446,8 +451,7 @@ def main(argv=None) -> int:
     from tvmopt.bench.isolated import Spec
 
     host = host_description()
-    print(f"host: {host['cpu']} ({host['cores']} cores; {' '.join(host['features'])}); "
-          f"{args.threads} threads per runtime, each in its own process")
+    print(f"{host_line(host)}; {args.threads} threads per runtime, each in its own process")
     out = Path(args.out)
     rows = []
     kinds = [k for k in args.int8.split(",") if k]

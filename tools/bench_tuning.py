@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_default  # noqa: E402 - a sibling script, found through HERE
 
 MODELS = "resnet18,mobilenetv2,bert4l,gpt2_4l"
 FASTER = 0.85  # tuned / untuned
@@ -74,7 +76,7 @@ def check(rows: list[dict]) -> list[tuple[str, bool, str]]:
     need = max(len(rows) - 1, 1)
     slower = [m for m, x in ratios.items() if x > 1.0]
     ort = [r["ms"]["tvmopt-tuned"]["ratio_to_ort"] for r in rows]
-    geo = math.exp(sum(math.log(x) for x in ort) / len(ort))
+    geo = bench_default.geomean(ort)
     spent = {r["model"]: r["tuning"].get("spent") for r in rows}
     # A run whose every task's search ended early reports each task's reason: what the
     # target asks of a run that cannot spend its budget.
@@ -97,9 +99,7 @@ def check(rows: list[dict]) -> list[tuple[str, bool, str]]:
 def report(rows: list[dict]) -> str:
     lines = []
     hosts = {json.dumps(r["host"], sort_keys=True) for r in rows if r.get("host")}
-    for h in sorted(hosts):
-        h = json.loads(h)
-        lines.append(f"host: {h['cpu']} ({h['cores']} cores; {' '.join(h['features'])})")
+    lines += [bench_default.host_line(json.loads(h)) for h in sorted(hosts)]
     lines.append("model        tasks trials spent  floor  untuned  tuned  tuned/untuned  "
                  "tuned/ort")
     for r in rows:
@@ -126,9 +126,6 @@ def main(argv=None) -> int:
     if args.from_json:
         results = [json.loads(Path(p).read_text()) for p in args.from_json]
     else:
-        sys.path.insert(0, str(HERE))
-        import bench_default
-
         out = Path(args.out)
         json_path = args.json_path or str(out / "results.json")
         rc = bench_default.main([

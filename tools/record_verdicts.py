@@ -62,14 +62,13 @@ def main(argv=None) -> int:
             runs.append(_one(args, Path(tmp) / f"run{i}.tvmopt"))
             print(f"compile {i + 1}/{args.runs}: kept "
                   f"{sum(c['kept'] for c in runs[-1])} of {len(runs[-1])}", flush=True)
-    from bench_default import host_description
+    from bench_default import host_description, host_line
 
     host = host_description()
     if args.json:
         Path(args.json).write_text(json.dumps({"command": sys.argv, "host": host, "runs": runs},
                                               indent=1))
-    print(f"host: {host['cpu']} ({host['cores']} cores; {' '.join(host['features'])}); "
-          f"{args.runs} compiles of {Path(args.model).name} with {args.db} "
+    print(f"{host_line(host)}; {args.runs} compiles of {Path(args.model).name} with {args.db} "
           f"({args.code or 'installed tvmopt'})")
     # A task's name can differ between compiles (the dispatch's timings decide which kernels
     # are tasks, and fused functions are numbered in order), so each name is counted where
