@@ -301,7 +301,7 @@ def _parallel_vectorize(sch, block, lanes, max_inner=None):
     extents = [_extent(sch, lp) for lp in loops]
     serial = all(e is not None for e in extents) and math.prod(extents) <= SERIAL_ELEMENTS
     parallel = (lambda loop: None) if serial else sch.parallel
-    inner_ext = _extent(sch, loops[-1])
+    inner_ext = extents[-1]
     if any(_symbolic_expression(sch.get(lp).extent) for lp in loops):
         # A loop over an expression of a symbolic dim (a padded image's h + 2): fusing it with
         # the others gives an index LLVM codegen cannot split ("padding factor ... is not
