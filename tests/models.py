@@ -254,6 +254,26 @@ def tiny_conv(path, channels=32, size=28, seed=0) -> str:
     return str(path)
 
 
+def tiny_lstm(path, steps=6, size=8, hidden=16, seed=0) -> str:
+    """x[steps, 1, size] -> LSTM -> Reshape -> MatMul: the LSTM's loop kernel (written
+    already scheduled) beside a matmul task."""
+    rng = np.random.default_rng(seed)
+    inits = [const("W", rng.standard_normal((1, 4 * hidden, size)).astype("float32")
+                   * size ** -0.5),
+             const("R", rng.standard_normal((1, 4 * hidden, hidden)).astype("float32")
+                   * hidden ** -0.5),
+             const("B", np.zeros((1, 8 * hidden), "float32")),
+             const("shape", np.array([steps, hidden], np.int64)),
+             const("M", rng.standard_normal((hidden, 4)).astype("float32"))]
+    nodes = [helper.make_node("LSTM", ["X", "W", "R", "B"], ["Y"], hidden_size=hidden),
+             helper.make_node("Reshape", ["Y", "shape"], ["flat"]),
+             helper.make_node("MatMul", ["flat", "M"], ["out"])]
+    model = make_model(nodes, [vi("X", [steps, 1, size])], [vi("out", [steps, 4])], inits,
+                       name="tiny_lstm")
+    onnx.save(model, str(path))
+    return str(path)
+
+
 # ------------------------------------------------------------------------ MLP files, quantized
 def mlp_file(path, din=64, hid=128, dout=16, batch="batch", seed=0) -> str:
     """x[batch, din] -> MatMul -> Add -> Relu -> MatMul -> Add."""

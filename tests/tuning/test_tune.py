@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.models import tiny_conv, tiny_mlp
+from tests.models import tiny_conv, tiny_lstm, tiny_mlp
 
 from tvmopt import errors, front
 from tvmopt.tuning import database, measure, replay, tasks, tune
@@ -487,38 +487,12 @@ def test_the_fingerprint_leaves_out_only_how_kernels_are_timed(monkeypatch):
     assert front.pipeline_fingerprint() != with_it_left_out
 
 
-def _lstm_file(path: Path) -> str:
-    """An LSTM (its loop kernel, written already scheduled) and a matmul after it."""
-    import numpy as np
-    import onnx
-    from onnx import helper
-
-    rng = np.random.default_rng(0)
-    steps, batch, size, hidden = 6, 1, 8, 16
-    f = np.float32
-    consts = {"W": rng.standard_normal((1, 4 * hidden, size)).astype(f) * size ** -0.5,
-              "R": rng.standard_normal((1, 4 * hidden, hidden)).astype(f) * hidden ** -0.5,
-              "B": np.zeros((1, 8 * hidden), f),
-              "shape": np.array([steps, hidden], np.int64),
-              "M": rng.standard_normal((hidden, 4)).astype(f)}
-    nodes = [helper.make_node("LSTM", ["X", "W", "R", "B"], ["Y"], hidden_size=hidden),
-             helper.make_node("Reshape", ["Y", "shape"], ["flat"]),
-             helper.make_node("MatMul", ["flat", "M"], ["out"])]
-    graph = helper.make_graph(
-        nodes, "lstm", [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT,
-                                                      (steps, batch, size))],
-        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, (steps, 4))],
-        [onnx.numpy_helper.from_array(v, k) for k, v in consts.items()])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return str(path)
-
-
 def test_a_recurrent_loop_kernel_is_left_out_of_tuning_and_said_so(tmp_path):
     """The loop kernel of a recurrent layer is generic in its steps and batch and written
     already scheduled: MetaSchedule can measure no candidate of it (measuring its default
     schedule crashed the tune), and no record could apply to it, so compile --require-db
     must not count it as a task the database lacks."""
-    model = _lstm_file(tmp_path / "lstm.onnx")
+    model = tiny_lstm(tmp_path / "lstm.onnx")
     tuned, _, manifest = _defaults_then_compile(model, tmp_path, "--dispatch", "codegen")
     assert "tvmopt_lstm_loop: written already scheduled" in tuned
     assert manifest["tuning"]["hit_rate"] == 1.0 and manifest["tuning"]["hits"] >= 1
