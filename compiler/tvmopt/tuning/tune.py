@@ -56,6 +56,9 @@ def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False
 
     Returns:
         (IRModule after fusion, ImportedModel, the dispatch choices)
+
+    Raises:
+        TuningError: an input has a symbolic dim (`shapes` must fix it).
     """
     from .. import pipeline
     from ..front import fuse_and_plan, pipeline_options
@@ -63,6 +66,7 @@ def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False
     from ..precision.schemes import library_compute
 
     imported = import_model(model_path, shapes)
+    _require_static(imported.inputs)  # before the front half's kernel timing, which takes a while
     target = hw.to_tvm()
     compute = library_compute(hw, precision) if dispatch != "codegen" else ("fp32",)
     cfg = pipeline.PipelineConfig(weight_prepack=weight_prepack, dispatch=dispatch, hw=hw,
@@ -433,7 +437,6 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
                  + (f", {library.untimed} call(s) untimed" if library.untimed else ""))
         console.print(f"{library.calls} kernels run on oneDNN (--dispatch {opts.dispatch}, "
                       f"{len(on_library)} workloads; {timed}): not tuned")
-    _require_static(imported.inputs)
     scheduled: list = []
     tasks = extract_tasks(mod, target, scheduled)
     if scheduled:
