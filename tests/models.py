@@ -274,6 +274,27 @@ def tiny_lstm(path, steps=6, size=8, hidden=16, seed=0) -> str:
     return str(path)
 
 
+def data_sized_range(path, seed=0) -> str:
+    """x[4, 8] -> MatMul, beside Range(0, int(sum|x|)) * 2: a kernel whose size is known only
+    at run time though every input is static (as a detector's anchor grid the import leaves
+    symbolic)."""
+    rng = np.random.default_rng(seed)
+    inits = [const("M", rng.standard_normal((8, 4)).astype("float32")),
+             const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64)),
+             const("two", np.array(2.0, np.float32))]
+    nodes = [helper.make_node("MatMul", ["x", "M"], ["out"]),
+             helper.make_node("Abs", ["x"], ["ax"]),
+             helper.make_node("ReduceSum", ["ax"], ["total"], keepdims=0),
+             helper.make_node("Cast", ["total"], ["limit"], to=TensorProto.INT64),
+             helper.make_node("Range", ["zero", "limit", "one"], ["steps"]),
+             helper.make_node("Cast", ["steps"], ["stepsf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["stepsf", "two"], ["grid"])]
+    model = make_model(nodes, [vi("x", [4, 8])], [vi("out", [4, 4]), vi("grid", ["n"])], inits,
+                       name="data_sized_range")
+    onnx.save(model, str(path))
+    return str(path)
+
+
 # ------------------------------------------------------------------------ MLP files, quantized
 def mlp_file(path, din=64, hid=128, dout=16, batch="batch", seed=0) -> str:
     """x[batch, din] -> MatMul -> Add -> Relu -> MatMul -> Add."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.models import tiny_conv, tiny_lstm, tiny_mlp
+from tests.models import data_sized_range, tiny_conv, tiny_lstm, tiny_mlp
 
 from tvmopt import errors, front
 from tvmopt.tuning import database, measure, replay, tasks, tune
@@ -502,4 +502,14 @@ def test_a_recurrent_loop_kernel_is_left_out_of_tuning_and_said_so(tmp_path):
     model = tiny_lstm(tmp_path / "lstm.onnx")
     tuned, _, manifest = _defaults_then_compile(model, tmp_path, "--dispatch", "codegen")
     assert "tvmopt_lstm_loop: written already scheduled" in tuned
+    assert manifest["tuning"]["hit_rate"] == 1.0 and manifest["tuning"]["hits"] >= 1
+
+
+def test_a_kernel_sized_at_run_time_is_left_out_of_tuning_and_said_so(tmp_path):
+    """Every input static, yet one kernel's size comes from the data: MetaSchedule times
+    arguments of fixed sizes (measuring its default schedule crashed the tune), so it is no
+    task, here or in compile --require-db."""
+    model = data_sized_range(tmp_path / "range.onnx")
+    tuned, _, manifest = _defaults_then_compile(model, tmp_path, "--dispatch", "codegen")
+    assert "sized at run time" in tuned and "not tuned" in tuned
     assert manifest["tuning"]["hit_rate"] == 1.0 and manifest["tuning"]["hits"] >= 1

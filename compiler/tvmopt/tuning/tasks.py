@@ -28,18 +28,39 @@ def _scheduled(work) -> bool:
                for obj in (work, work["main"]))
 
 
-def extract_tasks(mod, target, scheduled: list | None = None) -> list[Task]:
-    """The tunable fused functions of `mod`, in MetaSchedule's order; the names of those
-    written already scheduled go to `scheduled` (when given) instead."""
+def _run_time_sized(work) -> bool:
+    """A function with an argument whose size is known only at run time (a size computed from
+    the data, or a shape the import could not fold, as an anchor grid's `arange` over a feature
+    map's size): MetaSchedule times a candidate on arguments of fixed sizes, so it can measure
+    none of them, and a record keyed on a symbolic workload serves no other size anyway."""
+    from tvm import tirx
+
+    return any(not isinstance(d, tirx.IntImm)
+               for p in work["main"].params if isinstance(p.ty, tirx.BufferType)
+               for d in p.ty.shape)
+
+
+SCHEDULED = "written already scheduled"
+RUN_TIME_SIZED = "sized at run time"
+
+
+def extract_tasks(mod, target, left_out: dict | None = None) -> list[Task]:
+    """The tunable fused functions of `mod`, in MetaSchedule's order.
+
+    Args:
+        left_out: when given, filled with why -> names of the functions that are no task:
+            SCHEDULED (a recurrent layer's loop kernel) or RUN_TIME_SIZED.
+    """
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.analysis import estimate_tir_flops
 
     out = []
     for t in ms.relax_integration.extract_tasks(mod, target):
         work = t.dispatched[0]
-        if _scheduled(work):
-            if scheduled is not None:
-                scheduled.append(t.task_name)
+        why = SCHEDULED if _scheduled(work) else RUN_TIME_SIZED if _run_time_sized(work) else None
+        if why is not None:
+            if left_out is not None:
+                left_out.setdefault(why, []).append(t.task_name)
             continue
         try:
             flops = float(estimate_tir_flops(work))

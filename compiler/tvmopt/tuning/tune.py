@@ -30,7 +30,7 @@ from .measure import (close_runner, load_target_intrinsics, make_builder, make_r
                       parse_host_port)
 from .retime import SideBySide
 from .select import parse_selection, slowest
-from .tasks import Task, extract_tasks
+from .tasks import SCHEDULED, Task, extract_tasks
 
 # Trials a task gets per round when the budget is minutes (the trial count is open).
 _PER_ROUND_TIMED = 16
@@ -437,12 +437,14 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
                  + (f", {library.untimed} call(s) untimed" if library.untimed else ""))
         console.print(f"{library.calls} kernels run on oneDNN (--dispatch {opts.dispatch}, "
                       f"{len(on_library)} workloads; {timed}): not tuned")
-    scheduled: list = []
-    tasks = extract_tasks(mod, target, scheduled)
-    if scheduled:
-        console.print(f"{', '.join(scheduled)}: written already scheduled (a recurrent "
-                      "layer's loop over its steps), not tuned; tune's time figures leave "
-                      f"{'it' if len(scheduled) == 1 else 'them'} out")
+    left_out: dict = {}
+    tasks = extract_tasks(mod, target, left_out)
+    for why, names in left_out.items():
+        detail = ("a recurrent layer's loop over its steps" if why == SCHEDULED else
+                  "an argument's size comes from the data or a shape the import left symbolic; "
+                  "MetaSchedule times fixed sizes only")
+        console.print(f"{', '.join(names)}: {why} ({detail}), not tuned; tune's time figures "
+                      f"leave {'it' if len(names) == 1 else 'them'} out")
     if not tasks:
         raise TuningError(f"{opts.model}: no tunable functions after fusion")
     keep = parse_selection(opts.tasks)
