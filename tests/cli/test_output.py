@@ -34,6 +34,11 @@ def test_filter_drops_native_log_lines_and_passes_the_rest():
             os.write(2, b"[01:02:03] /src/relax/block_builder.cc:65: Warning: BlockBuilder "
                         b"destroyed with remaining blocks!\\n")
             os.write(2, b"cc: a compiler message\\n")
+            # a message with newlines: its indented lines go with it, the next line is kept
+            os.write(2, b"[01:02:03] /src/apply_custom_rule.cc:64: Warning: Unknown schedule "
+                        b"rule. Checked ffi::Functions:\\n  s_tir.meta_schedule.cpu.pool_max\\n"
+                        b"\\tanother\\n")
+            os.write(2, b"cc: next\\n  an indented line of a message of its own\\n")
             print("python stderr", file=sys.stderr)
         os.write(2, b"[01:02:03] /src/x.cc:1: after the filter\\n")
     """)
@@ -41,6 +46,8 @@ def test_filter_drops_native_log_lines_and_passes_the_rest():
     assert res.returncode == 0, res.stderr
     lines = res.stderr.splitlines()
     assert "cc: a compiler message" in lines and "python stderr" in lines
+    assert not any("pool_max" in ln or "another" in ln for ln in lines), lines
+    assert "  an indented line of a message of its own" in lines
     assert _native_lines(res.stderr) == ["[01:02:03] /src/x.cc:1: after the filter"]
 
 

@@ -21,8 +21,25 @@ import threading
 NATIVE_LOG_LINE = re.compile(rb"^\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ")
 
 
+class _Dropper:
+    """Which lines to drop: TVM's log lines, and the indented lines that continue one (a
+    message with newlines in it, as MetaSchedule's "Unknown schedule rule ... Checked
+    ffi::Functions:" followed by "  s_tir.meta_schedule.cpu....")."""
+
+    def __init__(self):
+        self.in_message = False
+
+    def drop(self, line: bytes) -> bool:
+        if NATIVE_LOG_LINE.match(line):
+            self.in_message = True
+        elif not (self.in_message and line[:1] in (b" ", b"\t")):
+            self.in_message = False
+        return self.in_message
+
+
 def _pump(read_fd: int, write_fd: int) -> None:
     pending = b""
+    dropper = _Dropper()
     with os.fdopen(read_fd, "rb", buffering=0) as src:
         while True:
             try:
@@ -32,10 +49,10 @@ def _pump(read_fd: int, write_fd: int) -> None:
             if not chunk:
                 break
             *lines, pending = (pending + chunk).split(b"\n")
-            out = b"".join(line + b"\n" for line in lines if not NATIVE_LOG_LINE.match(line))
+            out = b"".join(line + b"\n" for line in lines if not dropper.drop(line))
             if out:
                 os.write(write_fd, out)
-    if pending and not NATIVE_LOG_LINE.match(pending):
+    if pending and not dropper.drop(pending):
         os.write(write_fd, pending)
 
 
