@@ -295,6 +295,23 @@ def data_sized_range(path, seed=0) -> str:
     return str(path)
 
 
+def cancelling_matmuls(path, features=64, seed=0) -> str:
+    """x[1, F] @ W - x @ (W + tiny): two matmuls whose difference is about 1e-3 of either, so
+    computing them in bf16 (about 3 significant digits) leaves little of it: a bf16 build fails
+    the accuracy gate at its default limit."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((features, features)).astype("float32")
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["a"]),
+             helper.make_node("MatMul", ["x", "W2"], ["b"]),
+             helper.make_node("Sub", ["a", "b"], ["out"])]
+    inits = [const("W1", w),
+             const("W2", w + 1e-3 * rng.standard_normal(w.shape).astype("float32"))]
+    model = make_model(nodes, [vi("x", [1, features])], [vi("out", [1, features])], inits,
+                       name="cancelling_matmuls")
+    onnx.save(model, str(path))
+    return str(path)
+
+
 # ------------------------------------------------------------------------ MLP files, quantized
 def mlp_file(path, din=64, hid=128, dout=16, batch="batch", seed=0) -> str:
     """x[batch, din] -> MatMul -> Add -> Relu -> MatMul -> Add."""

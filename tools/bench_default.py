@@ -242,7 +242,8 @@ def _tuned_spec(args, row, path, out) -> dict:
 
     import tvmopt
     from tvmopt.bench.isolated import Spec
-    from tvmopt.tuning.tune import TuneOptions, ceiling, tune
+    from tvmopt.interface.tune import tune
+    from tvmopt.tuning.tune import TuneOptions, ceiling
 
     _, mode, prec = _variants(args)[0]
     db = out / "dbs" / Path(path).stem
@@ -270,6 +271,8 @@ def _tuned_spec(args, row, path, out) -> dict:
         output=str(out / "artifacts" / f"{Path(path).stem}_{mode}_{prec}_tuned")),
         log=lambda s: None)
     row["compile_s"]["tuned"] = round(time.perf_counter() - t0, 1)
+    # the tasks the tuned build found in its database (a miss runs its default schedule)
+    row["tuning"]["hit_rate"] = built.replay.hit_rate if built.replay is not None else None
     return {"tvmopt-tuned": Spec("tvmopt", str(built.artifact.path))}
 
 

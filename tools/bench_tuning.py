@@ -111,7 +111,9 @@ def report(rows: list[dict]) -> str:
                      f"{floor:>6s} {ms[untuned]['p50']:8.3f} {ms['tvmopt-tuned']['p50']:6.3f} "
                      f"{r['tuned_vs_untuned']:13.2f}x {ms['tvmopt-tuned']['ratio_to_ort']:9.2f}x"
                      + (f"  ({t['build_failures']} failed builds)"
-                        if t.get("build_failures") else ""))
+                        if t.get("build_failures") else "")
+                     + (f"  (database served {t['hit_rate']:.0%} of the tuned build's tasks)"
+                        if t.get("hit_rate") is not None and t["hit_rate"] < 1 else ""))
     for what, met, figures in check(rows):
         lines.append(f"{'met    ' if met else 'NOT MET'} {what}: {figures}")
     floors = [r["tuning"].get("floor") for r in rows]

@@ -16,7 +16,8 @@ Names:
     compile_model, CompileOptions, CompileResult: ONNX file -> artifact folder
         (`tvmopt.interface.compile`).
     plan_model: the per-kernel roofline plan and precision decisions (`tvmopt.interface.plan_model`).
-    tune, TuneOptions: MetaSchedule tuning into a database folder (`tvmopt.tuning.tune`).
+    tune, TuneOptions: MetaSchedule tuning into a database folder, of the module compile keeps
+        after its accuracy gate (`tvmopt.interface.tune`, `tvmopt.tuning.tune`).
     run_compare, CompareOptions: why model B is slower or faster than A, in named causes, with
         measured recommendations (`tvmopt.compare.run`).
     load: check and load an artifact to run it (`tvmopt.runtime.loader`).
@@ -37,7 +38,7 @@ _API = {
     "CompileOptions": "tvmopt.interface.compile",
     "CompileResult": "tvmopt.interface.compile",
     "plan_model": "tvmopt.interface.plan_model",
-    "tune": "tvmopt.tuning.tune",
+    "tune": "tvmopt.interface.tune",
     "TuneOptions": "tvmopt.tuning.tune",
     "run_compare": "tvmopt.compare.run",
     "CompareOptions": "tvmopt.compare.run",

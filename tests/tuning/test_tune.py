@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.models import data_sized_range, tiny_conv, tiny_lstm, tiny_mlp
+from tests.models import cancelling_matmuls, data_sized_range, tiny_conv, tiny_lstm, tiny_mlp
+from tests.precision.test_bf16 import bf16_always_faster, needs_bf16_host  # noqa: F401
 
 from tvmopt import errors, front
 from tvmopt.tuning import database, measure, replay, tasks, tune
@@ -513,3 +514,64 @@ def test_a_kernel_sized_at_run_time_is_left_out_of_tuning_and_said_so(tmp_path):
     tuned, _, manifest = _defaults_then_compile(model, tmp_path, "--dispatch", "codegen")
     assert "sized at run time" in tuned and "not tuned" in tuned
     assert manifest["tuning"]["hit_rate"] == 1.0 and manifest["tuning"]["hits"] >= 1
+
+
+def test_tasks_come_from_the_module_the_accuracy_gate_keeps(tmp_path, bf16_always_faster):
+    """Where compile's accuracy gate gives bf16 back, the casts around those library calls
+    leave the fused kernels beside them, so the module compile keeps has other tasks than the
+    bf16 build: tune runs the gate first and tunes the kept module, and compile --db takes the
+    database's library choices, so --require-db finds every task."""
+    needs_bf16_host()
+    model = cancelling_matmuls(tmp_path / "mm.onnx")
+    db = tmp_path / "db"
+    res = CliRunner().invoke(main, ["tune", model, "--db", str(db), "--trials", "0",
+                                    "--target", "host", "--dispatch", "auto"])
+    assert res.exit_code == 0, res.output
+    tuned = " ".join(res.output.split())
+    assert "running compile's accuracy gate" in tuned and "over the limit" in tuned
+    m = json.loads((db / database.MANIFEST_FILE).read_text())
+    assert len(m["pipeline"]["accuracy_gate"]["fp32_only"]) == 1  # both matmuls: one workload
+    assert m["library_precisions"] and set(m["library_precisions"].values()) == {"fp32"}
+    out = tmp_path / "c.tvmopt"
+    res = CliRunner().invoke(main, ["compile", model, "--db", str(db), "--target", "host",
+                                    "--require-db", "--verify", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    built = json.loads((out / "manifest.json").read_text())
+    assert built["tuning"]["hit_rate"] == 1.0
+    assert all(c["precision"] == "fp32" for c in built["kernels"]["choices"])
+
+
+def test_compile_db_takes_the_library_choices_the_database_was_tuned_with(tmp_path, monkeypatch,
+                                                                          bf16_always_faster):
+    """Timed again at compile, a library call's precision (or side) can come out otherwise,
+    and the module then has other tasks than the database: compile --db takes tune's choices
+    as recorded, and --retime decides them again."""
+    needs_bf16_host()
+    from tests.kernels.test_onednn import _small_cnn
+    from tvmopt.kernels import dispatch, timing
+
+    model = _small_cnn(tmp_path / "cnn.onnx")
+    db = tmp_path / "db"
+    res = CliRunner().invoke(main, ["tune", model, "--db", str(db), "--trials", "0",
+                                    "--target", "host", "--dispatch", "auto"])
+    assert res.exit_code == 0, res.output
+    tuned = json.loads((db / database.MANIFEST_FILE).read_text())["library_precisions"]
+    assert tuned and set(tuned.values()) == {"bf16"}
+    # this host now times oneDNN fp32 ahead of bf16, and both ahead of codegen
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache2"))
+    ms = {"library_ms": 1.0, "library_bf16_ms": 2.0}
+    monkeypatch.setattr(dispatch, "_time_sides", lambda sides, name: {
+        s: timing.Measurement(*(2 * [ms.get(s, 4.0)]), 0.0) for s in sides})
+
+    def choices(*extra):
+        out = tmp_path / f"c{len(extra)}.tvmopt"
+        res = CliRunner().invoke(main, ["compile", model, "--db", str(db), "--target", "host",
+                                        *extra, "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        return json.loads((out / "manifest.json").read_text())["kernels"]["choices"]
+
+    as_tuned = choices()
+    assert {c["kernel"]: c["precision"] for c in as_tuned} == tuned
+    assert all(c["reason"] == "as the database was tuned" for c in as_tuned)
+    retimed = choices("--retime")
+    assert all(c["choice"] == "library" and c["precision"] == "fp32" for c in retimed)

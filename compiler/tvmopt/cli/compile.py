@@ -31,13 +31,14 @@ from . import options
                    "accuracy gate, instead of seeded random inputs.")
 @click.option("--retime", is_flag=True,
               help="Time every kernel again instead of reading the timing cache (then cache "
-                   "the new timings).")
+                   "the new timings); with --db, also decide library or codegen again instead "
+                   "of taking the database's choices.")
 @click.option("--db", type=click.Path(file_okay=False),
-              help="Replay this tuning database (from `tvmopt tune`).")
+              help="Replay this tuning database (from `tvmopt tune`): each kernel goes to the "
+                   "library or to codegen, in the precision, as when it was tuned (no timing), "
+                   "so the module has the database's tasks.")
 @click.option("--require-db", is_flag=True,
-              help="Fail if --db misses any task; each kernel goes to the library or to "
-                   "codegen as it did when the database was tuned (no timing), so the module "
-                   "has the database's tasks.")
+              help="Fail if --db misses any task (library choices as tuned even with --retime).")
 @options.dispatch()
 @options.allow_newer_opset()
 @click.option("--bundle", is_flag=True,

@@ -41,8 +41,9 @@ def tune(model, target, trials, minutes, db, max_trials_per_task, shapes, rpc_tr
          trials_per_round, prune_top_k, population, weight_prepack, missing_only, task_selection,
          precision, dispatch):
     """Tune MODEL (.onnx or .pt2) with MetaSchedule (XGBoost cost model) into a resumable database."""
+    from ..interface.tune import tune as run_tune
     from ..tuning.report import print_tune_result
-    from ..tuning.tune import TuneOptions, tune as run_tune
+    from ..tuning.tune import TuneOptions
     from ..tuning.database import prune
 
     opts = TuneOptions(model=model or options.default_model(), target=target, trials=trials, db=db,

@@ -98,15 +98,21 @@ class CompileResult:
 
 
 def _pinned_library(manifest: dict | None, opts) -> dict | None:
-    """The library calls the database was tuned with, for `--require-db`: which kernels go
-    to the library is timed on the build host, and a host that times one differently builds a
-    module with other tasks than the database has (a convolution on oneDNN there is a tuned
-    task here). Replaying exactly is what --require-db asks, so its choices are taken as
-    recorded. None: choose by timing (no --require-db, another dispatch mode, or a database
-    that did not record them)."""
+    """The library calls the database was tuned with, and their precisions. Which kernels go
+    to the library, and in which precision, is timed; a compile that times one differently
+    (another host, or noise near a tie) builds a module with other tasks than the database has:
+    a convolution on oneDNN there is a tuned task here, and the casts around a bf16 call fuse
+    into the tuned kernels beside it. Tune's choices are the ones its records fit (taken after
+    compile's accuracy gate), so compile --db takes them as recorded. None: choose by timing
+    (--retime without --require-db, another dispatch mode, or a database that did not record
+    them)."""
     manifest = manifest or {}
-    if not opts.require_db or opts.dispatch != "auto" or manifest.get("dispatch") != "auto" \
+    if opts.dispatch != "auto" or manifest.get("dispatch") != "auto" \
             or "library_kernels" not in manifest:
+        return None
+    # Without --require-db, only a manifest that also names each call's precision is taken as
+    # it is (an older one would pin every call to fp32).
+    if not opts.require_db and (opts.retime or "library_precisions" not in manifest):
         return None
     precisions = manifest.get("library_precisions") or {}
     return {k: precisions.get(k, "fp32") for k in manifest["library_kernels"]}
@@ -199,8 +205,9 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
     if opts.db:
         from ..tuning.replay import load_database
 
-        # Opened before the front half: the per-kernel dispatch timing builds the codegen side
-        # with its records, so a tuned kernel competes with oneDNN as it will run.
+        # Opened before the front half: its manifest's library choices feed the dispatch, and
+        # where the dispatch times (--retime) it builds the codegen side with the records, so
+        # a tuned kernel competes with oneDNN as it will run.
         t_db = time.perf_counter()
         loaded = load_database(opts.db, hw)
         timings["database_s"] = time.perf_counter() - t_db
@@ -399,10 +406,36 @@ def _accuracy_gate(opts, imported, cfg, plan, replay, ex, config, build_all, man
             given_back += give
             log(f"precision {prec}: gate: {len(give)} workload(s) back to fp32, rebuilding")
             # The last step takes the lower precision off the table altogether.
+            rec.all_fp32 = rec.all_fp32 or last
             cfg = config(given_back, fp32=last)
             plan, replay, ex = build_all(cfg, lambda s: None)
     rec.fp32_only = list(given_back)
     return cfg, plan, replay, ex, rec
+
+
+def accuracy_gate_outcome(model: str, target: str, shapes: dict, precision: str, dispatch: str,
+                          db: str | None = None):
+    """What compile's accuracy gate decides for `model` under these options, for `tune`: its
+    tasks must come from the module compile keeps after the gate. A compile as the user's would
+    run (no verification; the artifact is thrown away).
+
+    Returns:
+        tuning.tune.GateOutcome (empty where no library call was in a lower precision).
+    """
+    import tempfile
+
+    from ..tuning.tune import GateOutcome
+
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="tvmopt-tune-gate-") as tmp:
+        res = compile_model(CompileOptions(model=model, target=target, shapes=dict(shapes),
+                                           precision=precision, dispatch=dispatch, db=db,
+                                           output=str(Path(tmp) / "gate.tvmopt")),
+                            log=lines.append)
+    if res.gate is None:
+        return GateOutcome()
+    return GateOutcome(tuple(res.gate.fp32_only), res.gate.all_fp32,
+                       tuple(ln for ln in lines if ": gate: " in ln))
 
 
 def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, int] | None = None):

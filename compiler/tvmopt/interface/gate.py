@@ -45,6 +45,7 @@ class GateRecord:
     attempts: list[Attempt] = field(default_factory=list)
     result: str = ""
     fp32_only: list[str] = field(default_factory=list)  # workloads taken back to fp32
+    all_fp32: bool = False  # the last step took the lower precision off the table altogether
 
     def to_json(self) -> dict:
         return asdict(self)

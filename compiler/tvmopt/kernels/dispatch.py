@@ -274,7 +274,7 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
             if pinned is not None:
                 side = "library" if k in pinned else "codegen"
                 c = pinned[k] if pinned.get(k) in allowed(k) else allowed(k)[0]
-                why = "as the database was tuned (--require-db)"
+                why = "as the database was tuned"
             else:
                 side, c, why = force, allowed(k)[0], f"--dispatch {force}"
             c = "int8" if quant else c
@@ -600,7 +600,7 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
             side = force if pinned is None else "library" if key in pinned else "codegen"
             choices.append(Choice(key, 1, side, None, None,
                                   reason=f"--dispatch {force}" if pinned is None
-                                  else "as the database was tuned (--require-db)"))
+                                  else "as the database was tuned"))
             if side == "library":
                 keep.add(gv)
         return keep, choices

@@ -40,9 +40,29 @@ SPENT_ENOUGH = 0.9
 _LITTLE_TO_TUNE = 0.95
 
 
+@dataclass
+class GateOutcome:
+    """What compile's accuracy gate decided for a build whose library calls compute in a lower
+    precision (bf16): the workloads it gave back to fp32, and whether it gave the lower
+    precision back altogether. Each changes the module (the casts around a library call fuse
+    into its neighbours), so tune's tasks come from the module after the gate."""
+
+    fp32_only: tuple[str, ...] = ()
+    all_fp32: bool = False
+    lines: tuple[str, ...] = ()  # what the gate printed, attempt by attempt
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.fp32_only) or self.all_fp32
+
+    def to_json(self) -> dict:
+        return {"fp32_only": list(self.fp32_only), "all_fp32": self.all_fp32}
+
+
 def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False,
                  dispatch: str = "codegen", notes: list | None = None,
-                 precision: str = "auto", database=None, pipeline_opts: dict | None = None):
+                 precision: str = "auto", database=None, pipeline_opts: dict | None = None,
+                 gated: GateOutcome | None = None):
     """Import the model and run the front half as `compile` does with the same options.
 
     With `dispatch` "auto" or "library" the kernels compile would hand to oneDNN are already
@@ -53,6 +73,8 @@ def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False
             compile's per-kernel dispatch timing builds the codegen side with them, so this
             must too to make the same choices.
         pipeline_opts: filled with the options the module was built under (front.pipeline_options).
+        gated: what compile's accuracy gate decided for this model: its fp32 workloads stay
+            fp32 here too (they change the fused functions around them).
 
     Returns:
         (IRModule after fusion, ImportedModel, the dispatch choices)
@@ -69,8 +91,10 @@ def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False
     _require_static(imported.inputs)  # before the front half's kernel timing, which takes a while
     target = hw.to_tvm()
     compute = library_compute(hw, precision) if dispatch != "codegen" else ("fp32",)
+    gated = gated or GateOutcome()
     cfg = pipeline.PipelineConfig(weight_prepack=weight_prepack, dispatch=dispatch, hw=hw,
-                                  library_compute=compute)
+                                  library_compute=("fp32",) if gated.all_fp32 else compute,
+                                  fp32_only=frozenset(gated.fp32_only))
     if database is not None:
         cfg.database, cfg.database_id = database
     mod, _ = fuse_and_plan(imported.mod, target, hw, cfg, precision)
@@ -306,6 +330,11 @@ class TuneOptions:
     missing_only: bool = False
     tasks: str | None = None
     dispatch: str | None = None  # None: the database's setting, else as compile's default
+    # (dispatch, database folder or None) -> GateOutcome: compile's accuracy gate on this model
+    # and these options, run when the front half puts library calls in a lower precision
+    # (tvmopt.tune, in interface/tune.py, passes compile's). None: no gate, and the tasks are
+    # those of the build before it.
+    accuracy_gate: object = None
 
     def __post_init__(self):
         from ..frontend.onnx_model import parse_shapes
@@ -425,9 +454,25 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     manifest = read_manifest(folder)
     check_target(folder, manifest, hw)  # before the model's front half, which takes a while
     check_tvm_version(folder, manifest)
+    existing = _existing_records(folder, hw)
     mod, imported, choices = fused_module(opts.model, opts.shapes, hw, opts.weight_prepack,
-                                          opts.dispatch, notes, opts.precision,
-                                          _existing_records(folder, hw), popts)
+                                          opts.dispatch, notes, opts.precision, existing, popts)
+    lower = [c for c in choices if c.choice == "library" and c.precision not in ("fp32", "int8")]
+    if lower and opts.accuracy_gate is not None:
+        # compile checks such a build against the fp32 reference and gives the lower precision
+        # back where the error is over its limit; the tasks must come from the module it keeps.
+        console.print(f"{len(lower)} library workload(s) in {lower[0].precision}: running "
+                      "compile's accuracy gate, so the tasks come from the module it keeps")
+        gated = opts.accuracy_gate(opts.dispatch, str(folder) if existing else None)
+        stage.enter("tuning", str(opts.model))  # the gate's compile named its own stages
+        for line in gated.lines:
+            console.print(line)
+        if gated.changed:
+            notes.clear()
+            mod, imported, choices = fused_module(opts.model, opts.shapes, hw,
+                                                  opts.weight_prepack, opts.dispatch, notes,
+                                                  opts.precision, existing, popts, gated)
+        popts["accuracy_gate"] = gated.to_json()
     for note in notes:
         console.print(f"note: {note}")
     on_library = [c for c in choices if c.choice == "library"]
