@@ -544,8 +544,8 @@ def test_tasks_come_from_the_module_the_accuracy_gate_keeps(tmp_path, bf16_alway
 def test_compile_db_takes_the_library_choices_the_database_was_tuned_with(tmp_path, monkeypatch,
                                                                           bf16_always_faster):
     """Timed again at compile, a library call's precision (or side) can come out otherwise,
-    and the module then has other tasks than the database: compile --db takes tune's choices
-    as recorded, and --retime decides them again."""
+    and the module then has other tasks than the database: compile --db (and a resumed tune)
+    takes tune's choices as recorded, and compile --retime decides them again."""
     needs_bf16_host()
     from tests.kernels.test_onednn import _small_cnn
     from tvmopt.kernels import dispatch, timing
@@ -575,3 +575,9 @@ def test_compile_db_takes_the_library_choices_the_database_was_tuned_with(tmp_pa
     assert all(c["reason"] == "as the database was tuned" for c in as_tuned)
     retimed = choices("--retime")
     assert all(c["choice"] == "library" and c["precision"] == "fp32" for c in retimed)
+    # a resumed tune keeps them too: its tasks stay those of the module the records came from
+    res = CliRunner().invoke(main, ["tune", model, "--db", str(db), "--trials", "0",
+                                    "--target", "host", "--dispatch", "auto"])
+    assert res.exit_code == 0, res.output
+    assert "library calls as the database recorded them" in " ".join(res.output.split())
+    assert json.loads((db / database.MANIFEST_FILE).read_text())["library_precisions"] == tuned

@@ -15,7 +15,7 @@ from ..precision.policy import parse as parse_precision
 from ..runtime.verify import Tolerance
 from ..targets.cross import cross_cc
 from ..targets.registry import HardwareTarget, get_target, target_json
-from ..tuning.database import db_dispatch, db_weight_prepack
+from ..tuning.database import db_dispatch, db_weight_prepack, recorded_library_choices
 
 
 @dataclass
@@ -98,24 +98,14 @@ class CompileResult:
 
 
 def _pinned_library(manifest: dict | None, opts) -> dict | None:
-    """The library calls the database was tuned with, and their precisions. Which kernels go
-    to the library, and in which precision, is timed; a compile that times one differently
-    (another host, or noise near a tie) builds a module with other tasks than the database has:
-    a convolution on oneDNN there is a tuned task here, and the casts around a bf16 call fuse
-    into the tuned kernels beside it. Tune's choices are the ones its records fit (taken after
-    compile's accuracy gate), so compile --db takes them as recorded. None: choose by timing
-    (--retime without --require-db, another dispatch mode, or a database that did not record
-    them)."""
-    manifest = manifest or {}
-    if opts.dispatch != "auto" or manifest.get("dispatch") != "auto" \
-            or "library_kernels" not in manifest:
+    """The library calls the database was tuned with, and their precisions, taken as recorded
+    (tuning.database.recorded_library_choices): tune's choices are the ones its records fit,
+    taken after compile's accuracy gate. None: choose by timing (--retime without
+    --require-db, another dispatch mode, or a database that did not record them; an older
+    manifest without precisions only under --require-db, which asks for the exact module)."""
+    if opts.retime and not opts.require_db:
         return None
-    # Without --require-db, only a manifest that also names each call's precision is taken as
-    # it is (an older one would pin every call to fp32).
-    if not opts.require_db and (opts.retime or "library_precisions" not in manifest):
-        return None
-    precisions = manifest.get("library_precisions") or {}
-    return {k: precisions.get(k, "fp32") for k in manifest["library_kernels"]}
+    return recorded_library_choices(manifest, opts.dispatch, any_precision=opts.require_db)
 
 
 def _dumper(folder: str | None):

@@ -138,6 +138,25 @@ def db_dispatch(folder: str | Path) -> str:
     return str((read_manifest(Path(folder)) or {}).get("dispatch") or "codegen")
 
 
+def recorded_library_choices(manifest: dict | None, dispatch: str | None,
+                             any_precision: bool = False) -> dict | None:
+    """{workload key: compute precision} of the library calls a database was tuned with, or
+    None where it did not record them under this `dispatch` ("auto" only: the other modes
+    decide nothing by timing). Which kernels go to the library, and in which precision, is
+    timed; a build that times one differently (another host, or noise near a tie) has other
+    tasks than the database: a convolution on oneDNN there is a task here, and the casts around
+    a bf16 call fuse into the kernels beside it. `any_precision`: also a manifest from before
+    the precisions were recorded (every call then fp32)."""
+    manifest = manifest or {}
+    if dispatch != "auto" or manifest.get("dispatch") != "auto" \
+            or "library_kernels" not in manifest:
+        return None
+    if "library_precisions" not in manifest and not any_precision:
+        return None
+    precisions = manifest.get("library_precisions") or {}
+    return {k: precisions.get(k, "fp32") for k in manifest["library_kernels"]}
+
+
 def check_target(folder: Path, manifest: dict | None, hw) -> None:
     """Refuse a database tuned for another target (MetaSchedule would not notice).
 

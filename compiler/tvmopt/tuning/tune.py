@@ -24,7 +24,7 @@ from ..errors import TuningError
 from .database import (MANIFEST_FILE, RECORD_FILE, SanitizeReport, _atomic_write,
                        _json_roundtrip, _valid_secs, check_record_targets, check_target,
                        check_tvm_version, db_dispatch, locked, open_json_database, read_manifest,
-                       sanitize_files)
+                       recorded_library_choices, sanitize_files)
 from .interrupt import CtrlC
 from .measure import (close_runner, load_target_intrinsics, make_builder, make_runner,
                       parse_host_port)
@@ -62,7 +62,7 @@ class GateOutcome:
 def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False,
                  dispatch: str = "codegen", notes: list | None = None,
                  precision: str = "auto", database=None, pipeline_opts: dict | None = None,
-                 gated: GateOutcome | None = None):
+                 gated: GateOutcome | None = None, pinned: dict | None = None):
     """Import the model and run the front half as `compile` does with the same options.
 
     With `dispatch` "auto" or "library" the kernels compile would hand to oneDNN are already
@@ -75,6 +75,8 @@ def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False
         pipeline_opts: filled with the options the module was built under (front.pipeline_options).
         gated: what compile's accuracy gate decided for this model: its fp32 workloads stay
             fp32 here too (they change the fused functions around them).
+        pinned: {workload key: precision} of the library calls to make, nothing timed (a
+            database's recorded choices, tuning.database.recorded_library_choices).
 
     Returns:
         (IRModule after fusion, ImportedModel, the dispatch choices)
@@ -94,7 +96,7 @@ def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False
     gated = gated or GateOutcome()
     cfg = pipeline.PipelineConfig(weight_prepack=weight_prepack, dispatch=dispatch, hw=hw,
                                   library_compute=("fp32",) if gated.all_fp32 else compute,
-                                  fp32_only=frozenset(gated.fp32_only))
+                                  fp32_only=frozenset(gated.fp32_only), pinned_library=pinned)
     if database is not None:
         cfg.database, cfg.database_id = database
     mod, _ = fuse_and_plan(imported.mod, target, hw, cfg, precision)
@@ -455,10 +457,20 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     check_target(folder, manifest, hw)  # before the model's front half, which takes a while
     check_tvm_version(folder, manifest)
     existing = _existing_records(folder, hw)
+    # A database tuned before keeps its library choices (made after compile's accuracy gate),
+    # so a resumed run tunes the module the records came from, and compile --db builds it.
+    pinned = recorded_library_choices(manifest, opts.dispatch) if existing else None
+    if pinned is not None:
+        console.print(f"library calls as the database recorded them ({len(pinned)} workload(s)"
+                      f", nothing timed); a fresh --db decides them again")
     mod, imported, choices = fused_module(opts.model, opts.shapes, hw, opts.weight_prepack,
-                                          opts.dispatch, notes, opts.precision, existing, popts)
+                                          opts.dispatch, notes, opts.precision, existing, popts,
+                                          pinned=pinned)
     lower = [c for c in choices if c.choice == "library" and c.precision not in ("fp32", "int8")]
-    if lower and opts.accuracy_gate is not None:
+    if pinned is not None:
+        if (manifest.get("pipeline") or {}).get("accuracy_gate") is not None:
+            popts["accuracy_gate"] = manifest["pipeline"]["accuracy_gate"]
+    elif lower and opts.accuracy_gate is not None:
         # compile checks such a build against the fp32 reference and gives the lower precision
         # back where the error is over its limit; the tasks must come from the module it keeps.
         console.print(f"{len(lower)} library workload(s) in {lower[0].precision}: running "
