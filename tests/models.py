@@ -312,6 +312,22 @@ def cancelling_matmuls(path, features=64, seed=0) -> str:
     return str(path)
 
 
+def masked_scores(path, batch=2, heads=4, seq=16) -> str:
+    """Attention scores q @ k plus an additive mask built with Where from a boolean mask
+    broadcast over the heads: fused, MetaSchedule's multi-level tiling fails on it
+    (reverse_compute_at) while making its design space."""
+    shape = [batch, heads, seq, seq]
+    inits = [const("keep", np.array(0.0, np.float32)), const("drop", np.array(-1e4, np.float32))]
+    nodes = [helper.make_node("MatMul", ["q", "k"], ["scores"]),
+             helper.make_node("Where", ["mask", "keep", "drop"], ["bias"]),
+             helper.make_node("Add", ["scores", "bias"], ["out"])]
+    model = make_model(nodes, [vi("q", shape), vi("k", shape),
+                               vi("mask", [batch, 1, seq, seq], TensorProto.BOOL)],
+                       [vi("out", shape)], inits, name="masked_scores")
+    onnx.save(model, str(path))
+    return str(path)
+
+
 # ------------------------------------------------------------------------ MLP files, quantized
 def mlp_file(path, din=64, hid=128, dout=16, batch="batch", seed=0) -> str:
     """x[batch, din] -> MatMul -> Add -> Relu -> MatMul -> Add."""

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.models import cancelling_matmuls, data_sized_range, tiny_conv, tiny_lstm, tiny_mlp
+from tests.models import (cancelling_matmuls, data_sized_range, masked_scores, tiny_conv,
+                          tiny_lstm, tiny_mlp)
 from tests.precision.test_bf16 import bf16_always_faster, needs_bf16_host  # noqa: F401
 
 from tvmopt import errors, front
@@ -581,3 +582,21 @@ def test_compile_db_takes_the_library_choices_the_database_was_tuned_with(tmp_pa
     assert res.exit_code == 0, res.output
     assert "library calls as the database recorded them" in " ".join(res.output.split())
     assert json.loads((db / database.MANIFEST_FILE).read_text())["library_precisions"] == tuned
+
+
+def test_a_task_whose_design_space_fails_keeps_its_default_and_the_search_goes_on(tmp_path):
+    """MetaSchedule's multi-level tiling raises on attention scores fused with a broadcast
+    Where mask (reverse_compute_at); that error ended the whole tune (a DistilBERT). The task
+    is left out of the search with the reason, keeps its default-schedule record, and compile
+    --require-db finds it."""
+    model = masked_scores(tmp_path / "scores.onnx")
+    db = tmp_path / "db"
+    res = CliRunner().invoke(main, ["tune", model, "--db", str(db), "--trials", "8",
+                                    "--dispatch", "codegen"])
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())
+    assert "not searched: MetaSchedule's schedule rules fail on it (ScheduleError" in flat
+    out = tmp_path / "c.tvmopt"
+    res = CliRunner().invoke(main, ["compile", model, "--db", str(db), "--dispatch", "codegen",
+                                    "--require-db", "--verify", "-o", str(out)])
+    assert res.exit_code == 0, res.output

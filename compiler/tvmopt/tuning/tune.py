@@ -678,6 +678,14 @@ def _search(opts, tasks, target, hw, folder, db, remaining, result, console):
                         TimeElapsedColumn(), console=console, transient=False)
     per_task: dict[int, list] = {}
     t_start = time.monotonic()
+    # A task MetaSchedule's own rules cannot make a design space for would end the whole
+    # search with its error: such a task keeps its default-schedule record and is left out.
+    no_space = {i: why for i, t in enumerate(tasks)
+                if (why := _design_space_error(t, target, hw)) is not None}
+    searched = [t for i, t in enumerate(tasks) if i not in no_space]
+    if no_space:
+        console.print(f"{', '.join(tasks[i].name for i in no_space)}: MetaSchedule's schedule "
+                      "rules fail on it, so it keeps its default schedule (see the table)")
     # Ctrl-C is owned by CtrlC from here on (see tuning/interrupt.py): it must be entered
     # before the builder and runner workers start, so they inherit the blocked SIGINT and a
     # terminal's Ctrl-C does not kill a batch in flight. Its safe points also end the run when
@@ -686,7 +694,8 @@ def _search(opts, tasks, target, hw, folder, db, remaining, result, console):
         if opts.minutes is not None:
             ctrl_c.deadline = t_start + opts.minutes * 60
         bar = progress.add_task("tuning", total=remaining)
-        contexts, weights = _tune_contexts(tasks, target, hw, folder, opts.seed, opts.population)
+        contexts, weights = _tune_contexts(searched, target, hw, folder, opts.seed,
+                                           opts.population)
         callbacks = [*ms.measure_callback.MeasureCallback.create("default"),
                      _progress_callback(progress, bar, result, per_task),
                      ctrl_c.measure_callback()]
@@ -697,6 +706,8 @@ def _search(opts, tasks, target, hw, folder, db, remaining, result, console):
                              workers=2 if opts.rpc_tracker else 1)
         try:
             ctrl_c.checkpoint()  # a Ctrl-C while the contexts were made
+            if not searched:
+                raise _NothingToSearch
             ms.tune.tune_tasks(
                 tasks=contexts, task_weights=weights, work_dir=str(folder),
                 max_trials_global=budget, max_trials_per_task=cap,
@@ -707,6 +718,8 @@ def _search(opts, tasks, target, hw, folder, db, remaining, result, console):
                 cost_model=ctrl_c.cost_model(ms.cost_model.XGBModel(
                     num_tuning_cores=cores, tree_method="auto")),
                 measure_callbacks=callbacks, task_scheduler=ctrl_c.scheduler)
+        except _NothingToSearch:
+            pass
         except Exception as err:
             # Our StopTuning comes back as a TVM error (it crossed the FFI).
             if not ctrl_c.is_stop_error(err):
@@ -726,18 +739,43 @@ def _search(opts, tasks, target, hw, folder, db, remaining, result, console):
     else:
         result.stopped_by = "exhausted"
     out = []
+    index = {id(t): i for i, t in enumerate(searched)}  # per_task counts by searched index
     for i, task in enumerate(tasks):
-        n, bfail, rfail, err = per_task.get(i, [0, 0, 0, ""])
+        n, bfail, rfail, err = per_task.get(index.get(id(task), -1), [0, 0, 0, ""])
         status = ""
         # Every task is terminated once tune_tasks returns: only a run that ended before its
         # budget says the tasks' own searches ended it.
-        if result.stopped_by == "exhausted" or (n and bfail + rfail == n):
+        if i in no_space:
+            status = f"not searched: MetaSchedule's schedule rules fail on it ({no_space[i]})"
+        elif result.stopped_by == "exhausted" or (n and bfail + rfail == n):
             status = _why_ended(task, folder, n, bfail, rfail, err, cap)
         elif n == 0 and result.stopped_by in ("trials", "time"):
             status = "no trials: the budget was spent before the task scheduler reached it"
         out.append(TaskResult(task.name, task.weight, task.flops, 0, None, trials_run=n,
                               status=status))
     result.tasks = out
+
+
+class _NothingToSearch(Exception):
+    """Every task's design space failed: the search has nothing to run."""
+
+
+def _design_space_error(task: Task, target, hw) -> str | None:
+    """Why MetaSchedule cannot generate `task`'s design space (a schedule rule raising on the
+    fused function, as multi-level tiling's reverse_compute_at on an attention matmul fused
+    with its mask's where), or None when it can."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from ..errors import error_line
+
+    try:
+        ctx = ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
+                             task_name=task.name,
+                             num_threads=int(hw.tvm_dict().get("num-cores", 1)))
+        ctx.generate_design_space()
+    except Exception as err:  # pylint: disable=broad-except
+        return error_line(err, default=type(err).__name__)[:160]
+    return None
 
 
 def _why_ended(task, folder: Path, n: int, bfail: int, rfail: int, err: str, cap: int) -> str:
