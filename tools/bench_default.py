@@ -263,7 +263,9 @@ def _tuned_spec(args, row, path, out) -> dict:
         # what oneDNN runs, untouched by tuning, and the floor that puts on tuned / untuned
         "library_ms": (None if res.library is None or res.library.untimed
                        else round(res.library.ms, 3)),
-        "floor": None if floor is None else round(floor[1], 3)}
+        "floor": None if floor is None else round(floor[1], 3),
+        # cores other processes kept busy while tune measured (its figures mean little then)
+        "foreign_load": res.foreign_load}
     print(f"  tuned {Path(path).name}: {row['tuning']}")
     t0 = time.perf_counter()
     built = tvmopt.compile_model(tvmopt.CompileOptions(

@@ -600,3 +600,19 @@ def test_a_task_whose_design_space_fails_keeps_its_default_and_the_search_goes_o
     res = CliRunner().invoke(main, ["compile", model, "--db", str(db), "--dispatch", "codegen",
                                     "--require-db", "--verify", "-o", str(out)])
     assert res.exit_code == 0, res.output
+
+
+def test_tune_warns_when_other_processes_kept_the_cores_busy(tmp_path, monkeypatch):
+    """Measured while another process ran, a 2-core machine's parallel kernels read up to 100x
+    their time (a UNet's default schedules summed to 41 ms instead of a few): tune says so."""
+    from tvmopt.kernels import timing
+
+    model = tiny_mlp(tmp_path / "mlp.onnx")
+    clock = iter(range(0, 10**6, 10))  # all CPU seconds: 10 more per reading, none of them ours
+    monkeypatch.setattr(timing, "_busy_seconds", lambda children=False: (next(clock), 0.0))
+    res = CliRunner().invoke(main, ["tune", model, "--shape", "x=1x32", "--db",
+                                    str(tmp_path / "db"), "--trials", "0",
+                                    "--dispatch", "codegen"])
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())
+    assert "warning: other processes used" in flat and "the default schedules were measured" in flat

@@ -339,7 +339,32 @@ def _busy_seconds(children: bool = False) -> tuple[float, float]:
         except psutil.Error:  # a child that has just exited
             continue
         own += c.user + c.system
+        if children:  # and the children that exited and were waited for (a closed pool)
+            own += c.children_user + c.children_system
     return busy, own
+
+
+class ForeignLoad:
+    """Cores' worth of CPU time other processes used over a `with` block (this process and
+    its worker processes left out): on a 2-core machine one busy neighbour makes a parallel
+    kernel wait at every barrier for a descheduled thread, and its time can read 100x."""
+
+    cores: float = 0.0
+
+    def __enter__(self):
+        self._busy, self._own = _busy_seconds(children=True)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        busy, own = _busy_seconds(children=True)
+        wall = max(time.perf_counter() - self._t0, 1e-9)
+        self.cores = max(0.0, (busy - self._busy) - (own - self._own)) / wall
+        return False
+
+    @property
+    def busy(self) -> bool:
+        return self.cores >= FOREIGN_LOAD_LIMIT
 
 
 def _sample(f, inputs, batches: int = 5) -> tuple[float, float, float]:

@@ -77,6 +77,22 @@ def print_tune_result(result) -> None:
     if result.interrupted:
         _console.print("[yellow]interrupted:[/] records measured so far are kept; "
                        "rerun the same command to continue")
+    _print_load(result)
+
+
+def _print_load(result) -> None:
+    """Warn where other processes kept cores busy while tune measured: its times (the
+    default column, the estimates and the floor) then overstate what the kernels take."""
+    from ..kernels.timing import FOREIGN_LOAD_LIMIT
+
+    what = {"defaults": "the default schedules", "search": "the search"}
+    busy = {k: v for k, v in result.foreign_load.items() if v >= FOREIGN_LOAD_LIMIT}
+    if busy:
+        _console.print("[yellow]warning:[/] other processes used " + ", ".join(
+            f"{v:.2f} cores while {what.get(k, k)} were measured" for k, v in busy.items())
+            + ": a parallel kernel waits for a descheduled thread then, so these times can "
+            "read many times what the kernel takes; tune again into a fresh --db on a quiet "
+            "machine")
 
 
 def _print_library(result) -> None:
@@ -117,10 +133,10 @@ def _print_budget(result) -> None:
            "exhausted": "every task's search ended before the budget"}.get(result.stopped_by, "")
     _console.print(f"budget: spent {', '.join(parts)}" + (f" ({why})" if why else ""))
     spent = result.spent
-    if spent is not None and spent < SPENT_ENOUGH or result.stopped_by == "exhausted":
-        for t in result.tasks:
-            if t.status:
-                _console.print(f"  {t.name}: {t.status}")
+    every = spent is not None and spent < SPENT_ENOUGH or result.stopped_by == "exhausted"
+    for t in result.tasks:
+        if t.status and (every or t.status.startswith("not searched")):
+            _console.print(f"  {t.name}: {t.status}")
 
 
 def print_replay(replay) -> None:

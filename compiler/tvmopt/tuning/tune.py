@@ -212,6 +212,8 @@ class TuneResult:
     standby: int = 0  # library kernels recorded with their default schedule (see _standby_tasks)
     library: LibraryTime | None = None  # what the library runs, which tuning does not change
     every_task: bool = True  # False: --tasks slowest:N or --missing-only left some out
+    # Cores' worth of CPU other processes used while it measured: "defaults", "search".
+    foreign_load: dict = field(default_factory=dict)
 
     @property
     def estimate_s(self) -> float | None:
@@ -438,7 +440,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     from .. import stage
     from ..files import sha256_file
     from ..front import options_differ
-    from ..kernels.timing import start_tvm_pool
+    from ..kernels.timing import ForeignLoad, start_tvm_pool
     from .seed import seed_defaults
 
     start_tvm_pool()  # the front half's dispatch and the task ranking time kernels on it
@@ -564,8 +566,10 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
             # kill the batch in flight; workers started here would not have.
             seed_runner = make_runner(None, None, workers=1)
             try:
-                result.seeds = seed_defaults(unseeded, db, hw, target,
-                                             make_builder(workers=1), seed_runner)
+                with ForeignLoad() as load:
+                    result.seeds = seed_defaults(unseeded, db, hw, target,
+                                                 make_builder(workers=1), seed_runner)
+                result.foreign_load["defaults"] = round(load.cores, 2)
             finally:
                 close_runner(seed_runner)
             for t, sd in zip(unseeded, result.seeds):
@@ -576,7 +580,9 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
         if result.every_task:
             _say_ceiling(console, library, tasks, defaults)
         if remaining is None or remaining > 0:
-            _search(opts, tasks, target, hw, folder, db, remaining, result, console)
+            with ForeignLoad() as load:
+                _search(opts, tasks, target, hw, folder, db, remaining, result, console)
+            result.foreign_load["search"] = round(load.cores, 2)
         else:
             result.stopped_by = "trials"
         after = len(db.get_all_tuning_records())
@@ -685,7 +691,8 @@ def _search(opts, tasks, target, hw, folder, db, remaining, result, console):
     searched = [t for i, t in enumerate(tasks) if i not in no_space]
     if no_space:
         console.print(f"{', '.join(tasks[i].name for i in no_space)}: MetaSchedule's schedule "
-                      "rules fail on it, so it keeps its default schedule (see the table)")
+                      f"rules fail on {'it' if len(no_space) == 1 else 'them'} "
+                      f"({next(iter(no_space.values()))}); default schedule kept, not searched")
     # Ctrl-C is owned by CtrlC from here on (see tuning/interrupt.py): it must be entered
     # before the builder and runner workers start, so they inherit the blocked SIGINT and a
     # terminal's Ctrl-C does not kill a batch in flight. Its safe points also end the run when
