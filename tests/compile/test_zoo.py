@@ -50,9 +50,9 @@ def test_every_family_has_a_representative():
     assert len(zoo_models.ZOO) >= 30
 
 
-# The two longest families run in the slow tier: recurrent layers and CNNs have cheaper tests
-# of their own in the default one.
-_SLOW_FAMILIES = {"recurrent", "classification CNN"}
+# The longest families run in the slow tier: recurrent layers, CNNs, detectors (chunk) and
+# the diffusion UNet (ConvTranspose) have cheaper tests of their own in the default one.
+_SLOW_FAMILIES = {"recurrent", "classification CNN", "detection", "diffusion"}
 
 
 @pytest.mark.parametrize("family", [
