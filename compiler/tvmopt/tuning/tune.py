@@ -164,6 +164,23 @@ class LibraryTime:
     untimed: int  # calls with no timing (a forced --dispatch, a run-time sequence length)
 
 
+def _per_call_ms(c) -> float | None:
+    """A library call's timed ms at the precision it runs (None: untimed)."""
+    return c.library_bf16_ms if c.precision == "bf16" else c.library_ms
+
+
+def _recorded_library_ms(choices, manifest: dict) -> None:
+    """Give the library calls a resumed run took as recorded (untimed) the times the database
+    recorded for them."""
+    recorded = manifest.get("library_ms") or {}
+    for c in choices:
+        if c.choice == "library" and _per_call_ms(c) is None and c.kernel in recorded:
+            if c.precision == "bf16":
+                c.library_bf16_ms = recorded[c.kernel]
+            else:
+                c.library_ms = recorded[c.kernel]
+
+
 def library_time(choices) -> LibraryTime | None:
     """Per-inference time of the library calls, as the dispatch timed each at the precision
     it runs; None when there are none."""
@@ -172,7 +189,7 @@ def library_time(choices) -> LibraryTime | None:
         if c.choice != "library":
             continue
         calls += c.sites
-        per_call = c.library_bf16_ms if c.precision == "bf16" else c.library_ms
+        per_call = _per_call_ms(c)
         if per_call is None:
             untimed += c.sites
         else:
@@ -472,6 +489,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     if pinned is not None:
         if (manifest.get("pipeline") or {}).get("accuracy_gate") is not None:
             popts["accuracy_gate"] = manifest["pipeline"]["accuracy_gate"]
+        _recorded_library_ms(choices, manifest)
     elif lower and opts.accuracy_gate is not None:
         # compile checks such a build against the fp32 reference and gives the lower precision
         # back where the error is over its limit; the tasks must come from the module it keeps.
@@ -903,6 +921,10 @@ def _write_manifest(folder: Path, hw, target, opts: TuneOptions, model_sha: str,
         "library_kernels": sorted({c.kernel for c in choices if c.choice == "library"}),
         "library_precisions": {c.kernel: c.precision for c in sorted(
             choices, key=lambda c: c.kernel) if c.choice == "library"},
+        # each library call's time as the dispatch measured it: a resumed run, which takes the
+        # choices above untimed, still reports what oneDNN runs and the floor on tuning
+        "library_ms": {c.kernel: ms for c in sorted(choices, key=lambda c: c.kernel)
+                       if c.choice == "library" and (ms := _per_call_ms(c)) is not None},
         "search": {"strategy": "evolutionary", "population": opts.population,
                    "cost_model": "xgb", "task_scheduler": "gradient",
                    "initial": "default schedules (tuning/seed.py)"},
