@@ -34,7 +34,7 @@ def test_a_measurement_that_stays_untrusted_says_so(monkeypatch):
 
 def test_foreign_load_is_measured_from_other_processes_cpu_time(monkeypatch):
     clock = iter([(10.0, 1.0), (12.0, 1.0)])  # 2 s of other processes' CPU, none of ours
-    monkeypatch.setattr(timing, "_busy_seconds", lambda: next(clock))
+    monkeypatch.setattr(timing, "_busy_seconds", lambda children=False: next(clock))
     _, _, foreign = timing._sample(lambda: None, [])
     assert foreign > 1.0  # two CPU seconds over a sub-second wall time
 

@@ -19,11 +19,10 @@ def latency_summary(artifact_path, model_path, runs: int = 50,
             onnxruntime last.
     """
     import os
-    import time
 
     import numpy as np
 
-    from ..kernels.timing import _busy_seconds
+    from ..kernels.timing import ForeignLoad
     from ..runtime.artifact import read_artifact
     from .isolated import Spec, Worker, interleaved
     from .runner import InputFactory
@@ -39,18 +38,17 @@ def latency_summary(artifact_path, model_path, runs: int = 50,
     try:
         for name, spec in specs.items():
             workers[name] = Worker(name, spec, threads, feeds)
-        busy0, me0 = _busy_seconds(children=True)
-        t0 = time.perf_counter()
-        # Long blocks: steady-state calls, as a server makes them, not mostly the first ones
-        # after the idle gap that wakes each runtime's threads.
-        times = interleaved(workers, runs, block=max(5, runs // max(1, rounds)))
-        busy1, me1 = _busy_seconds(children=True)
+        # Cores other processes keep busy meanwhile: on a shared machine the kernels' thread
+        # team waits for a descheduled thread at every parallel region, and the figures stop
+        # meaning much.
+        with ForeignLoad() as load:
+            # Long blocks: steady-state calls, as a server makes them, not mostly the first
+            # ones after the idle gap that wakes each runtime's threads.
+            times = interleaved(workers, runs, block=max(5, runs // max(1, rounds)))
     finally:
         for w in workers.values():
             w.close()
-    # Cores other processes kept busy meanwhile: on a shared machine the kernels' thread team
-    # waits for a descheduled thread at every parallel region, and the figures stop meaning much.
-    foreign = max(0.0, (busy1 - busy0) - (me1 - me0)) / max(time.perf_counter() - t0, 1e-9)
+    foreign = load.cores
     rows = [{"runtime": name, "median_ms": float(np.median(t)),
              "p95_ms": float(np.percentile(t, 95)), "foreign_load": round(foreign, 2)}
             for name, t in times.items()]

@@ -345,19 +345,23 @@ def _busy_seconds(children: bool = False) -> tuple[float, float]:
 
 
 class ForeignLoad:
-    """Cores' worth of CPU time other processes used over a `with` block (this process and
-    its worker processes left out): on a 2-core machine one busy neighbour makes a parallel
-    kernel wait at every barrier for a descheduled thread, and its time can read 100x."""
+    """Cores' worth of CPU time other processes used over a `with` block (this process, and
+    with `children` its worker processes, left out): on a 2-core machine one busy neighbour
+    makes a parallel kernel wait at every barrier for a descheduled thread, and its time can
+    read 100x."""
 
     cores: float = 0.0
 
+    def __init__(self, children: bool = True):
+        self.children = children
+
     def __enter__(self):
-        self._busy, self._own = _busy_seconds(children=True)
+        self._busy, self._own = _busy_seconds(children=self.children)
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
-        busy, own = _busy_seconds(children=True)
+        busy, own = _busy_seconds(children=self.children)
         wall = max(time.perf_counter() - self._t0, 1e-9)
         self.cores = max(0.0, (busy - self._busy) - (own - self._own)) / wall
         return False
@@ -375,17 +379,13 @@ def _sample(f, inputs, batches: int = 5) -> tuple[float, float, float]:
     one = max(time.perf_counter() - t0, 1e-6)
     number = max(1, min(200, int(0.006 / one)))
     samples = []
-    busy0, me0 = _busy_seconds()
-    w0 = time.perf_counter()
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            f(*inputs)
-        samples.append((time.perf_counter() - t0) / number)
-    wall = max(time.perf_counter() - w0, 1e-9)
-    busy1, me1 = _busy_seconds()
-    foreign = max(0.0, (busy1 - busy0) - (me1 - me0)) / wall
-    return float(np.min(samples) * 1e3), float(np.median(samples) * 1e3), foreign
+    with ForeignLoad(children=False) as load:
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            for _ in range(number):
+                f(*inputs)
+            samples.append((time.perf_counter() - t0) / number)
+    return float(np.min(samples) * 1e3), float(np.median(samples) * 1e3), load.cores
 
 
 def measure_call(vm, name: str, inputs, roof: Roof | None = None) -> Measurement:
