@@ -7,6 +7,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+
 @pytest.fixture
 def save(tmp_path):
     """save(model, 'name') -> path of the written .onnx file."""
@@ -30,3 +31,15 @@ def cli():
         return runner.invoke(main, [str(a) for a in args], catch_exceptions=False)
 
     return invoke
+
+
+@pytest.fixture(scope="module")
+def onednn_extension():
+    """The oneDNN extension, built and loaded; the module's tests skip, naming why, where it
+    cannot be."""
+    od = pytest.importorskip("tvmopt.kernels.onednn")
+    try:
+        od.load_extension()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    return od

@@ -264,6 +264,12 @@ def _tuned_spec(args, row, path, out) -> dict:
         "library_ms": (None if res.library is None or res.library.untimed
                        else round(res.library.ms, 3)),
         "floor": None if floor is None else round(floor[1], 3),
+        # how near those calls run to oneDNN's best on this host (tuning.library.probe_rates)
+        "library_gflops": (None if res.library is None or res.library.gflops is None
+                           else round(res.library.gflops, 1)),
+        "library_of_probe": (None if res.library is None or res.library.of_probe is None
+                             else round(res.library.of_probe, 3)),
+        "probe_gflops": None if res.library is None else res.library.probe,
         # cores other processes kept busy while tune measured (its figures mean little then)
         "foreign_load": res.foreign_load}
     print(f"  tuned {Path(path).name}: {row['tuning']}")
@@ -507,7 +513,9 @@ def main(argv=None) -> int:
                   f"{r['tuned_vs_untuned']:.2f}x; {t['trials']} trials on {t['tasks']} tasks "
                   f"in {t['wall_s']:.0f} s, stopped by {t['stopped_by']}"
                   + (f"; oneDNN {t['library_ms']:.3g} ms untouched: floor {t['floor']:.2f}x"
-                     if t.get("floor") is not None else ""))
+                     if t.get("floor") is not None else "")
+                  + (f", its calls at {t['library_of_probe']:.0%} of its large-matmul rate"
+                     if t.get("library_of_probe") is not None else ""))
     summary = summarize(rows)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({

@@ -15,8 +15,9 @@ rounds. The models come from `tools/torch_models.py` (random weights, fixed seed
 depthwise CNN, an encoder and a decoder, none of them bundled with tvmopt.
 
 Then, per model: tuned / untuned latency, tuned / onnxruntime, the share of the budget spent,
-and the floor (oneDNN's calls, which tuning does not touch, put a bound on tuned / untuned
-that no search can pass). And the targets, each met or not, with the figures behind it:
+the floor (oneDNN's calls, which tuning does not touch, put a bound on tuned / untuned that no
+search can pass), and how near those calls run to oneDNN's rate on a large matmul on this host.
+And the targets, each met or not, with the figures behind it:
   - tuned at most `FASTER` of the untuned latency on all but one model,
   - tuned never slower than untuned,
   - tuned at most `VS_ORT` of onnxruntime on the geometric mean,
@@ -96,19 +97,24 @@ def check(rows: list[dict]) -> list[tuple[str, bool, str]]:
     ]
 
 
+def _rates(probe: dict) -> str:
+    return ", ".join(f"{p} {g:.0f} GFLOP/s" for p, g in sorted(probe.items()))
+
+
 def report(rows: list[dict]) -> str:
     lines = []
     hosts = {json.dumps(r["host"], sort_keys=True) for r in rows if r.get("host")}
     lines += [bench_default.host_line(json.loads(h)) for h in sorted(hosts)]
-    lines.append("model        tasks trials spent  floor  untuned  tuned  tuned/untuned  "
+    lines.append("model        tasks trials spent  floor  oneDNN  untuned  tuned  tuned/untuned  "
                  "tuned/ort")
     for r in rows:
         t, ms = r["tuning"], r["ms"]
         untuned = next(k for k in ms if k.startswith("tvmopt-") and k != "tvmopt-tuned")
         floor = "-" if t.get("floor") is None else f"{t['floor']:.2f}x"
         spent = "-" if t.get("spent") is None else f"{t['spent']:.0%}"
+        rate = "-" if t.get("library_of_probe") is None else f"{t['library_of_probe']:.0%}"
         lines.append(f"{r['model']:12s} {t['tasks']:5d} {t['trials']:6d} {spent:>5s} "
-                     f"{floor:>6s} {ms[untuned]['p50']:8.3f} {ms['tvmopt-tuned']['p50']:6.3f} "
+                     f"{floor:>6s} {rate:>6s} {ms[untuned]['p50']:8.3f} {ms['tvmopt-tuned']['p50']:6.3f} "
                      f"{r['tuned_vs_untuned']:13.2f}x {ms['tvmopt-tuned']['ratio_to_ort']:9.2f}x"
                      + (f"  ({t['build_failures']} failed builds)"
                         if t.get("build_failures") else "")
@@ -120,6 +126,14 @@ def report(rows: list[dict]) -> str:
     if any(f is not None and f > FASTER for f in floors):
         lines.append(f"(a floor above {FASTER}x: oneDNN's calls, untouched by tuning, hold "
                      "that share of the untuned kernel time)")
+    if any(r["tuning"].get("library_of_probe") is not None for r in rows):
+        probes = {json.dumps(r["tuning"].get("probe_gflops"), sort_keys=True) for r in rows
+                  if r["tuning"].get("probe_gflops")}
+        lines.append("(oneDNN: its calls' time were they at the rate oneDNN reaches on a large "
+                     "matmul on this host, as a share of their time as run; near 100%, no "
+                     "kernel could run them faster"
+                     + "".join(f"; large matmul {_rates(json.loads(x))}" for x in sorted(probes))
+                     + ")")
     return "\n".join(lines)
 
 

@@ -226,12 +226,23 @@ def print_plan(p, model: str) -> None:
                  str(c["sites"]), choice(c), ms(c["library_ms"]),
                  *([ms(c.get("library_bf16_ms"))] if bf16 else []),
                  ms(c["codegen_ms"]) + (" (tuned)" if c.get("codegen_by") == "tuned" else ""),
+                 _chosen_gflops(c),
                  "yes" if c["cached"] else ("no" if c.get("trusted", True) else "no (busy)")]
                 for c in p.dispatch]
         cols = [("pattern", "left"), ("shapes", "left"), ("sites", "right"), ("choice", "left"),
                 ("oneDNN ms", "right"), *([("bf16 ms", "right")] if bf16 else []),
-                ("codegen ms", "right"), ("cached", "left")]
-        console.print(fitted_table(cols, rows, drop_order=("cached", "shapes")))
+                ("codegen ms", "right"), ("GFLOP/s", "right"), ("cached", "left")]
+        console.print(fitted_table(cols, rows, drop_order=("cached", "GFLOP/s", "shapes")))
+
+
+def _chosen_gflops(c: dict) -> str:
+    """The rate the chosen side runs the workload at ('-' where its FLOPs or time are
+    unknown): against the host's peak, how much any other kernel could still win."""
+    if c["choice"] == "library":
+        ms = c.get("library_bf16_ms") if c.get("precision") == "bf16" else c.get("library_ms")
+    else:
+        ms = c.get("codegen_ms")
+    return "-" if not ms or not c.get("gflop") else f"{c['gflop'] / ms * 1e3:.0f}"
 
 
 def _workload_shapes(key: str) -> str:

@@ -220,6 +220,9 @@ def test_tune_says_what_share_of_the_model_it_can_change(tmp_path, monkeypatch):
     assert "ms per inference as the dispatch timed them): not tuned" in flat
     assert "the tuned kernels hold " in flat and "of the untuned latency" in flat
     assert "oneDNN: 2 kernel calls, " in flat and "kernel time per inference: untuned " in flat
+    # and how near those calls run to oneDNN's best on this host, before and after the search
+    assert "of oneDNN's rate on a large matmul on this host (fp32 " in flat
+    assert "GFLOP/s: " in flat and "of its large-matmul rate on this host), not tuned" in flat
     assert "(1.00x; the tuned kernels held" in flat  # no trials: the records are the defaults
 
 

@@ -57,6 +57,9 @@ class Choice:
     quantized: bool = False
     # A dynamically quantized model's integer matmul (MatMulInteger), quantized in the call.
     dynamic: bool = False
+    # GFLOP of one call as TVM counts the workload's ops (padding taps included); None where
+    # a dim is symbolic. Against the time, how near the call runs to what the host can do.
+    gflop: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -200,6 +203,12 @@ def _kernel_size(func) -> tuple[float, float] | None:
     return flops, nbytes
 
 
+def _gflop(composite) -> float | None:
+    """GFLOP of one call of a oneDNN group (its composite function as TVM legalizes it)."""
+    size = _kernel_size(_kernel_function(composite, []))
+    return None if size is None else size[0] / 1e9
+
+
 def _roofs(func, quantized: bool, sides) -> dict:
     """{side: Roof or None} of one kernel: each side at the peak of the precision it computes
     in (a quantized group's library call is int8)."""
@@ -267,6 +276,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
     def allowed(k):
         return [c for c in compute if c == "fp32" or k not in fp32_only] or ["fp32"]
 
+    gflop = {k: _gflop(groups[g[0]]) for k, g in by_key.items()}
+
     if force in ("library", "codegen") or pinned is not None:
         choices, keep, prec = [], set(), {}
         for k, g in by_key.items():
@@ -280,7 +291,8 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
             c = "int8" if quant else c
             choices.append(Choice(k, sum(len(sites.get(gv, ())) for gv in g), side, None, None,
                                   reason=why, precision=c if side == "library" else "fp32",
-                                  quantized=quant, dynamic=onednn.is_dynamic(groups[g[0]])))
+                                  quantized=quant, dynamic=onednn.is_dynamic(groups[g[0]]),
+                                  gflop=gflop[k]))
             if side == "library":
                 keep |= set(g)
                 prec.update(dict.fromkeys(g, c))
@@ -413,7 +425,7 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
                 and use_lib else "",
                 "timed at " + ", ".join(f"{n}={v}" for n, v in dims[k].items())
                 if dims[k] else ""])),
-            quantized=quant, dynamic=onednn.is_dynamic(groups[gvs[0]])))
+            quantized=quant, dynamic=onednn.is_dynamic(groups[gvs[0]]), gflop=gflop[k]))
     return keep, prec, choices
 
 

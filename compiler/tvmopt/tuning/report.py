@@ -104,9 +104,11 @@ def _print_library(result) -> None:
         _console.print(f"oneDNN: {lib.calls} kernel calls, not tuned ({lib.untimed} not timed "
                        "by the dispatch: no whole-model figure)")
         return
+    rate = (f" ({lib.gflops:.0f} GFLOP/s: {lib.of_probe:.0%} of its large-matmul rate on "
+            "this host)" if lib.of_probe is not None else "")
     _console.print(f"oneDNN: {lib.calls} kernel calls, {_fmt(lib.ms / 1e3)} per inference as "
-                   "the dispatch timed them, not tuned")
-    from .tune import ceiling
+                   f"the dispatch timed them{rate}, not tuned")
+    from .library import ceiling
 
     before, after = result.untuned_total_s, result.tuned_total_s
     got = ceiling(lib, result.default_estimate_s)

@@ -26,6 +26,8 @@ from .database import (MANIFEST_FILE, RECORD_FILE, SanitizeReport, _atomic_write
                        check_tvm_version, db_dispatch, locked, open_json_database, read_manifest,
                        recorded_library_choices, sanitize_files)
 from .interrupt import CtrlC
+from .library import (LibraryTime, ceiling, library_time, per_call_ms, probe_rates,
+                      recorded_library_ms)
 from .measure import (close_runner, load_target_intrinsics, make_builder, make_runner,
                       parse_host_port)
 from .retime import SideBySide
@@ -152,61 +154,6 @@ class TaskResult:
         if not self.best_s or not self.default_s:
             return None
         return self.default_s / self.best_s
-
-
-@dataclass
-class LibraryTime:
-    """The kernels a library (oneDNN) runs in the tuned module: tuning does not change them,
-    so they bound what it can buy."""
-
-    calls: int  # call sites per inference
-    ms: float  # per inference, over the calls the dispatch timed
-    untimed: int  # calls with no timing (a forced --dispatch, a run-time sequence length)
-
-
-def _per_call_ms(c) -> float | None:
-    """A library call's timed ms at the precision it runs (None: untimed)."""
-    return c.library_bf16_ms if c.precision == "bf16" else c.library_ms
-
-
-def _recorded_library_ms(choices, manifest: dict) -> None:
-    """Give the library calls a resumed run took as recorded (untimed) the times the database
-    recorded for them."""
-    recorded = manifest.get("library_ms") or {}
-    for c in choices:
-        if c.choice == "library" and _per_call_ms(c) is None and c.kernel in recorded:
-            if c.precision == "bf16":
-                c.library_bf16_ms = recorded[c.kernel]
-            else:
-                c.library_ms = recorded[c.kernel]
-
-
-def library_time(choices) -> LibraryTime | None:
-    """Per-inference time of the library calls, as the dispatch timed each at the precision
-    it runs; None when there are none."""
-    calls, ms, untimed = 0, 0.0, 0
-    for c in choices:
-        if c.choice != "library":
-            continue
-        calls += c.sites
-        per_call = _per_call_ms(c)
-        if per_call is None:
-            untimed += c.sites
-        else:
-            ms += per_call * c.sites
-    return LibraryTime(calls, ms, untimed) if calls else None
-
-
-def ceiling(library: LibraryTime | None, default_s: float | None) -> tuple[float, float] | None:
-    """(share of the timed kernel time the tuned kernels hold, the lowest latency tuning can
-    reach as a fraction of the untuned one, were the tuned kernels free), or None when the
-    library is untimed or there is nothing to compare."""
-    if library is None or library.untimed or default_s is None:
-        return None
-    total = library.ms / 1e3 + default_s
-    if total <= 0:
-        return None
-    return default_s / total, library.ms / 1e3 / total
 
 
 @dataclass
@@ -489,7 +436,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     if pinned is not None:
         if (manifest.get("pipeline") or {}).get("accuracy_gate") is not None:
             popts["accuracy_gate"] = manifest["pipeline"]["accuracy_gate"]
-        _recorded_library_ms(choices, manifest)
+        recorded_library_ms(choices, manifest)
     elif lower and opts.accuracy_gate is not None:
         # compile checks such a build against the fp32 reference and gives the lower precision
         # back where the error is over its limit; the tasks must come from the module it keeps.
@@ -509,11 +456,21 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
         console.print(f"note: {note}")
     on_library = [c for c in choices if c.choice == "library"]
     library = library_time(choices)
+    if library is not None and library.calls > library.untimed and not opts.rpc_tracker:
+        # How near oneDNN's calls run to its best on this host: with them there, no search and
+        # no other kernel can buy back their share of the time.
+        library = library_time(choices, probe_rates(hw, tuple(sorted(
+            {c.precision for c in on_library if c.precision in ("fp32", "bf16")}))))
+        stage.enter("tuning", str(opts.model))
     if library is not None:
         timed = (f"{library.ms:.3g} ms per inference as the dispatch timed them"
                  + (f", {library.untimed} call(s) untimed" if library.untimed else ""))
         console.print(f"{library.calls} kernels run on oneDNN (--dispatch {opts.dispatch}, "
                       f"{len(on_library)} workloads; {timed}): not tuned")
+        if library.of_probe is not None:
+            console.print(f"  at {library.gflops:.0f} GFLOP/s they run at "
+                          f"{library.of_probe:.0%} of oneDNN's rate on a large matmul on this "
+                          f"host ({_rates(library.probe)})")
     left_out: dict = {}
     tasks = extract_tasks(mod, target, left_out)
     for why, names in left_out.items():
@@ -656,6 +613,13 @@ def _say_ceiling(console, library, tasks, defaults) -> None:
         console.print("note: tuning has little to work on in this build; --dispatch codegen "
                       "(on compile too) leaves every kernel to the search, at the cost of "
                       "oneDNN's kernels")
+
+
+def _rates(probe: dict) -> str:
+    from .library import PROBE_SHAPE
+
+    shape = "x".join(map(str, PROBE_SHAPE))
+    return ", ".join(f"{p} {r:.0f} GFLOP/s" for p, r in sorted(probe.items())) + f"; {shape}"
 
 
 def _rpc_linker(hw) -> str:
@@ -924,7 +888,7 @@ def _write_manifest(folder: Path, hw, target, opts: TuneOptions, model_sha: str,
         # each library call's time as the dispatch measured it: a resumed run, which takes the
         # choices above untimed, still reports what oneDNN runs and the floor on tuning
         "library_ms": {c.kernel: ms for c in sorted(choices, key=lambda c: c.kernel)
-                       if c.choice == "library" and (ms := _per_call_ms(c)) is not None},
+                       if c.choice == "library" and (ms := per_call_ms(c)) is not None},
         "search": {"strategy": "evolutionary", "population": opts.population,
                    "cost_model": "xgb", "task_scheduler": "gradient",
                    "initial": "default schedules (tuning/seed.py)"},
