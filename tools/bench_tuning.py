@@ -97,8 +97,14 @@ def check(rows: list[dict]) -> list[tuple[str, bool, str]]:
     ]
 
 
-def _rates(probe: dict) -> str:
-    return ", ".join(f"{p} {g:.0f} GFLOP/s" for p, g in sorted(probe.items()))
+def _rates(rows: list[dict]) -> str:
+    """Each precision's probe rate over the runs, as a range where they differ."""
+    seen: dict[str, list[float]] = {}
+    for r in rows:
+        for p, g in (r["tuning"].get("probe_gflops") or {}).items():
+            seen.setdefault(p, []).append(g)
+    return ", ".join(f"{p} {min(g):.0f}" + (f"-{max(g):.0f}" if max(g) - min(g) >= 0.5 else "")
+                     + " GFLOP/s" for p, g in sorted(seen.items()))
 
 
 def report(rows: list[dict]) -> str:
@@ -127,13 +133,9 @@ def report(rows: list[dict]) -> str:
         lines.append(f"(a floor above {FASTER}x: oneDNN's calls, untouched by tuning, hold "
                      "that share of the untuned kernel time)")
     if any(r["tuning"].get("library_of_probe") is not None for r in rows):
-        probes = {json.dumps(r["tuning"].get("probe_gflops"), sort_keys=True) for r in rows
-                  if r["tuning"].get("probe_gflops")}
         lines.append("(oneDNN: its calls' time were they at the rate oneDNN reaches on a large "
                      "matmul on this host, as a share of their time as run; near 100%, no "
-                     "kernel could run them faster"
-                     + "".join(f"; large matmul {_rates(json.loads(x))}" for x in sorted(probes))
-                     + ")")
+                     f"kernel could run them faster. Large matmul: {_rates(rows)})")
     return "\n".join(lines)
 
 

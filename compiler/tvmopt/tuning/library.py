@@ -107,9 +107,10 @@ def ceiling(library: LibraryTime | None, default_s: float | None) -> tuple[float
 
 def probe_rates(hw, compute: tuple[str, ...]) -> dict[str, float]:
     """{precision: GFLOP/s} oneDNN reaches on this host on PROBE_SHAPE's matmul, for each of
-    `compute` ("fp32", "bf16") the dispatch timed and trusted; timed through the dispatch
-    (cached beside every other workload's timing, so a second call times nothing).
-    Empty where the dispatch does not run (not x86, no extension)."""
+    `compute` ("fp32", "bf16") the dispatch timed and trusted. Timed through the dispatch, as
+    any workload is, and again on every call (a second or two): a rate read from the cache
+    would be some earlier run's, which a busy moment may have halved. Empty where the
+    dispatch does not run (not x86, no extension)."""
     import numpy as np
     from tvm import relax
 
@@ -123,7 +124,8 @@ def probe_rates(hw, compute: tuple[str, ...]) -> dict[str, float]:
         with bb.dataflow():
             y = bb.emit_output(bb.emit(relax.op.matmul(x, w)))
         bb.emit_func_output(y)
-    cfg = pipeline.PipelineConfig(dispatch="auto", hw=hw, library_compute=tuple(compute))
+    cfg = pipeline.PipelineConfig(dispatch="auto", hw=hw, library_compute=tuple(compute),
+                                  retime=True)
     with pipeline.unrecorded():  # a measurement, not the caller's pipeline
         pipeline.optimize(bb.get(), hw.to_tvm(), cfg, until=pipeline.FRONT_HALF)
     flop = 2.0 * m * k * n
