@@ -552,6 +552,50 @@ def test_tasks_come_from_the_module_the_accuracy_gate_keeps(tmp_path, bf16_alway
     assert all(c["precision"] == "fp32" for c in built["kernels"]["choices"])
 
 
+def test_tune_gates_with_the_settings_compile_is_given(tmp_path, bf16_always_faster):
+    """tune --max-error runs compile's gate at that limit and records it; a compile --db whose
+    gate runs at another limit says so, since where it gives calls back their tasks miss."""
+    needs_bf16_host()
+    model = cancelling_matmuls(tmp_path / "mm.onnx")
+    db = tmp_path / "db"
+    res = CliRunner().invoke(main, ["tune", model, "--db", str(db), "--trials", "0",
+                                    "--target", "host", "--dispatch", "auto",
+                                    "--max-error", "100"])
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())
+    assert "limit 100 (--max-error): passed" in flat  # the default limit fails this model
+    m = json.loads((db / database.MANIFEST_FILE).read_text())
+    assert m["pipeline"]["accuracy_gate"] == {"fp32_only": [], "all_fp32": False,
+                                              "max_error": 100.0, "calibration_sha256": None}
+    assert set(m["library_precisions"].values()) == {"bf16"}
+    res = CliRunner().invoke(main, ["compile", model, "--db", str(db), "--target", "host",
+                                    "-o", str(tmp_path / "c.tvmopt")])
+    assert res.exit_code == 0, res.output
+    assert ("tuned behind the accuracy gate with other settings (--max-error 100 (this run: "
+            "default))") in " ".join(res.output.split())
+    # resumed without it: the recorded choices stay, and tune says they were gated otherwise
+    res = CliRunner().invoke(main, ["tune", model, "--db", str(db), "--trials", "0",
+                                    "--target", "host", "--dispatch", "auto"])
+    assert res.exit_code == 0, res.output
+    assert ("library calls were gated with other settings (--max-error 100 (this run: "
+            "default)); this run keeps them as recorded") in " ".join(res.output.split())
+
+
+def test_gate_settings_are_compared_only_where_a_database_records_them():
+    now = tune.gate_settings(None, None)
+    assert tune.gate_settings_differ({"fp32_only": [], "all_fp32": False}, now) == []
+    assert tune.gate_settings_differ(None, now) == []
+    assert tune.gate_settings_differ({**now}, now) == []
+    assert tune.gate_settings_differ({"max_error": 0.01, "calibration_sha256": "ab" * 32},
+                                     now) == [
+        "--max-error 0.01 (this run: default)",
+        "--calibration file sha256 abababababab (this run: seeded random inputs)"]
+    with pytest.raises(errors.TuningError, match="--max-error must be > 0"):
+        tune.TuneOptions(model="m.onnx", max_error=0.0)
+    with pytest.raises(errors.TuningError, match="--calibration nowhere.npz: no such file"):
+        tune.TuneOptions(model="m.onnx", calibration="nowhere.npz")
+
+
 def test_compile_db_takes_the_library_choices_the_database_was_tuned_with(tmp_path, monkeypatch,
                                                                           bf16_always_faster):
     """Timed again at compile, a library call's precision (or side) can come out otherwise,

@@ -21,14 +21,8 @@ from . import options
 @options.precision("auto: the plan picks per target ('tvmopt plan' shows why); on CPUs with "
                    "AMX or AVX512-BF16, bf16 library convolutions/matmuls where each times "
                    "faster, behind the accuracy gate (--max-error). fp32: exact.")
-@click.option("--max-error", type=float, default=None,
-              help="Accuracy gate: the largest error allowed for a lower precision, as "
-                   "max|out - fp32 reference| / max|reference| over the outputs on sample "
-                   "inputs. bf16 library kernels default to 0.02 and are given back to fp32 "
-                   "kernel by kernel past it; for fp16/int8 a breach fails the compile.")
-@click.option("--calibration", type=click.Path(exists=True, dir_okay=False),
-              help="An .npz of sample inputs (one array per model input, by name) for the "
-                   "accuracy gate, instead of seeded random inputs.")
+@options.max_error()
+@options.calibration()
 @click.option("--retime", is_flag=True,
               help="Time every kernel again instead of reading the timing cache (then cache "
                    "the new timings); with --db, also decide library or codegen again instead "

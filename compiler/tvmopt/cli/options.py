@@ -53,6 +53,19 @@ def dispatch(help: str = "Who computes conv2d/matmul on CPU: codegen (tvmopt's d
                         type=click.Choice(DISPATCH), help=help)
 
 
+def max_error(help: str = "Accuracy gate: the largest error allowed for a lower precision, as "
+                          "max|out - fp32 reference| / max|reference| over the outputs on sample "
+                          "inputs. bf16 library kernels default to 0.02 and are given back to "
+                          "fp32 kernel by kernel past it; for fp16/int8 a breach fails the "
+                          "compile."):
+    return click.option("--max-error", type=float, default=None, help=help)
+
+
+def calibration(help: str = "An .npz of sample inputs (one array per model input, by name) for "
+                            "the accuracy gate, instead of seeded random inputs."):
+    return click.option("--calibration", type=click.Path(exists=True, dir_okay=False), help=help)
+
+
 def allow_newer_opset():
     return click.option("--allow-newer-opset", is_flag=True,
                         help="Import a model whose ai.onnx opset is newer than the importer knows "

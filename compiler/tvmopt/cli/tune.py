@@ -34,12 +34,16 @@ from . import options
               help="slowest:N: time every kernel under the default schedules on this host first "
                    "and tune only the N that cost the most per inference.")
 @options.precision()
+@options.max_error("compile's accuracy gate, which tune runs first where library calls go to a "
+                   "lower precision (bf16): the largest error allowed (default 0.02). Give "
+                   "compile the same, so its gate keeps the module tuned here.")
+@options.calibration("An .npz of sample inputs for that gate (as compile's --calibration).")
 @options.dispatch("Leave out of tuning the conv2d/matmul kernels compile would give oneDNN: "
                   "auto (those timing faster there), library (all it takes), codegen (none). "
                   "Compile with the same setting.")
 def tune(model, target, trials, minutes, db, max_trials_per_task, shapes, rpc_tracker, rpc_key,
          trials_per_round, prune_top_k, population, weight_prepack, missing_only, task_selection,
-         precision, dispatch):
+         precision, max_error, calibration, dispatch):
     """Tune MODEL (.onnx or .pt2) with MetaSchedule (XGBoost cost model) into a resumable database."""
     from ..interface.tune import tune as run_tune
     from ..tuning.report import print_tune_result
@@ -52,7 +56,8 @@ def tune(model, target, trials, minutes, db, max_trials_per_task, shapes, rpc_tr
                        rpc_tracker=rpc_tracker, rpc_key=rpc_key,
                        trials_per_round=trials_per_round, population=population,
                        weight_prepack=weight_prepack, missing_only=missing_only,
-                       tasks=task_selection, dispatch=dispatch)
+                       tasks=task_selection, dispatch=dispatch, max_error=max_error,
+                       calibration=calibration)
     result = run_tune(opts, console=options.err_console)
     print_tune_result(result)
     if prune_top_k:

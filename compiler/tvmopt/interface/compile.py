@@ -291,6 +291,16 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
             opts, imported, cfg, plan, replay, ex, config, build_all,
             lambda c, p, r: manifest_of(c, p, r), cc, log)
         timings["gate_s"] = time.perf_counter() - t_gate
+        if replay is not None:
+            from ..tuning.tune import gate_settings, gate_settings_differ
+
+            differ = gate_settings_differ(
+                ((replay.manifest or {}).get("pipeline") or {}).get("accuracy_gate"),
+                gate_settings(opts.max_error, opts.calibration))
+            if differ:
+                log(f"note: database {opts.db} was tuned behind the accuracy gate with other "
+                    f"settings ({'; '.join(differ)}): where this gate gives calls back, "
+                    "their tasks miss; tune with the same --max-error and --calibration")
     for note in cfg.notes:
         log(f"note: {note}")
 
@@ -404,7 +414,8 @@ def _accuracy_gate(opts, imported, cfg, plan, replay, ex, config, build_all, man
 
 
 def accuracy_gate_outcome(model: str, target: str, shapes: dict, precision: str, dispatch: str,
-                          db: str | None = None):
+                          db: str | None = None, max_error: float | None = None,
+                          calibration: str | None = None):
     """What compile's accuracy gate decides for `model` under these options, for `tune`: its
     tasks must come from the module compile keeps after the gate. A compile as the user's would
     run (no verification; the artifact is thrown away).
@@ -414,18 +425,20 @@ def accuracy_gate_outcome(model: str, target: str, shapes: dict, precision: str,
     """
     import tempfile
 
-    from ..tuning.tune import GateOutcome
+    from ..tuning.tune import GateOutcome, gate_settings
 
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tvmopt-tune-gate-") as tmp:
         res = compile_model(CompileOptions(model=model, target=target, shapes=dict(shapes),
                                            precision=precision, dispatch=dispatch, db=db,
+                                           max_error=max_error, calibration=calibration,
                                            output=str(Path(tmp) / "gate.tvmopt")),
                             log=lines.append)
+    settings = gate_settings(max_error, calibration)
     if res.gate is None:
-        return GateOutcome()
+        return GateOutcome(settings=settings)
     return GateOutcome(tuple(res.gate.fp32_only), res.gate.all_fp32,
-                       tuple(ln for ln in lines if ": gate: " in ln))
+                       tuple(ln for ln in lines if ": gate: " in ln), settings)
 
 
 def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, int] | None = None):

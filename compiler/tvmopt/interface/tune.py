@@ -14,5 +14,6 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     module it keeps."""
     if opts.accuracy_gate is None:
         opts.accuracy_gate = lambda dispatch, db: accuracy_gate_outcome(
-            opts.model, opts.target, opts.shapes, opts.precision, dispatch, db)
+            opts.model, opts.target, opts.shapes, opts.precision, dispatch, db,
+            max_error=opts.max_error, calibration=opts.calibration)
     return tune_module(opts, console=console)

@@ -52,13 +52,38 @@ class GateOutcome:
     fp32_only: tuple[str, ...] = ()
     all_fp32: bool = False
     lines: tuple[str, ...] = ()  # what the gate printed, attempt by attempt
+    # What it was run with (gate_settings): the error limit and the calibration file.
+    settings: dict | None = None
 
     @property
     def changed(self) -> bool:
         return bool(self.fp32_only) or self.all_fp32
 
     def to_json(self) -> dict:
-        return {"fp32_only": list(self.fp32_only), "all_fp32": self.all_fp32}
+        return {"fp32_only": list(self.fp32_only), "all_fp32": self.all_fp32,
+                **(self.settings or {})}
+
+
+def gate_settings(max_error: float | None, calibration: str | None) -> dict:
+    """The accuracy gate's settings as a manifest records them: the error limit (None: the
+    gate's default) and the calibration file's sha256 (None: seeded random inputs)."""
+    from ..files import sha256_file
+
+    return {"max_error": max_error,
+            "calibration_sha256": sha256_file(calibration) if calibration else None}
+
+
+def gate_settings_differ(recorded: dict | None, current: dict) -> list[str]:
+    """'name: recorded (this run: current)' for each gate setting a database's manifest
+    records otherwise ([] where it records none: tuned before they were recorded)."""
+    if not recorded or not ({"max_error", "calibration_sha256"} & set(recorded)):
+        return []
+    names = {"max_error": "--max-error", "calibration_sha256": "--calibration"}
+    show = {"max_error": lambda v: "default" if v is None else f"{v:g}",
+            "calibration_sha256": lambda v: "seeded random inputs" if v is None
+            else f"file sha256 {v[:12]}"}
+    return [f"{names[k]} {show[k](recorded.get(k))} (this run: {show[k](current.get(k))})"
+            for k in names if recorded.get(k) != current.get(k)]
 
 
 def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False,
@@ -298,6 +323,9 @@ class TuneOptions:
     missing_only: bool = False
     tasks: str | None = None
     dispatch: str | None = None  # None: the database's setting, else as compile's default
+    # compile's --max-error / --calibration for the accuracy gate tune runs first.
+    max_error: float | None = None
+    calibration: str | None = None
     # (dispatch, database folder or None) -> GateOutcome: compile's accuracy gate on this model
     # and these options, run when the front half puts library calls in a lower precision
     # (tvmopt.tune, in interface/tune.py, passes compile's). None: no gate, and the tasks are
@@ -318,6 +346,10 @@ class TuneOptions:
         from ..precision.policy import parse as parse_precision
 
         parse_precision(self.precision)
+        if self.max_error is not None and not self.max_error > 0:
+            raise TuningError("--max-error must be > 0")
+        if self.calibration is not None and not Path(self.calibration).is_file():
+            raise TuningError(f"--calibration {self.calibration}: no such file")
         if self.max_trials_per_task is not None and self.max_trials_per_task <= 0:
             raise TuningError("--max-trials-per-task must be > 0")
         if self.rpc_tracker:  # fail before the model is imported and the database touched
@@ -434,8 +466,15 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
                                           pinned=pinned)
     lower = [c for c in choices if c.choice == "library" and c.precision not in ("fp32", "int8")]
     if pinned is not None:
-        if (manifest.get("pipeline") or {}).get("accuracy_gate") is not None:
-            popts["accuracy_gate"] = manifest["pipeline"]["accuracy_gate"]
+        recorded_gate = (manifest.get("pipeline") or {}).get("accuracy_gate")
+        if recorded_gate is not None:
+            popts["accuracy_gate"] = recorded_gate
+        differ = gate_settings_differ(recorded_gate, gate_settings(opts.max_error,
+                                                                   opts.calibration))
+        if differ:
+            console.print(f"note: the database's library calls were gated with other settings "
+                          f"({'; '.join(differ)}); this run keeps them as recorded: a fresh "
+                          "--db runs the gate with this run's")
         recorded_library_ms(choices, manifest)
     elif lower and opts.accuracy_gate is not None:
         # compile checks such a build against the fp32 reference and gives the lower precision
