@@ -118,6 +118,9 @@ class Range:
         from tvm import relax, tirx
         from tvm.sym.analyzer import Analyzer
 
+        folded = _known_range(inputs[:3])
+        if folded is not None:
+            return folded
         start, limit, delta = (_scalar_dim(x) for x in inputs[:3])
         step = const_ints(inputs[2])
         step = step if isinstance(step, int) else (step[0] if isinstance(step, list) and
@@ -148,6 +151,49 @@ class Range:
         if dtype != "int64":
             out = relax.op.astype(out, dtype)
         return out
+
+
+def _known_scalar(value):
+    """A scalar operand's value where the import knows it: a constant, or a shape value whose
+    arithmetic simplifies to a number (a static dim read through Shape, Gather and Cast, which
+    the ONNX-level folding misses where shape inference stopped short of it); else None."""
+    import tvm
+    from tvm import tirx
+    from tvm.sym.analyzer import Analyzer
+
+    prim = prim_of(value)
+    if prim is not None:
+        folded = Analyzer().simplify(prim)
+        return folded.value if isinstance(folded, (tirx.IntImm, tirx.FloatImm)) else None
+    if isinstance(value, tvm.ir.GenericConst):
+        arr = value.value.numpy()
+        return arr.reshape(-1)[0].item() if arr.size == 1 else None
+    return None
+
+
+def _known_range(operands):
+    """Range of known operands as a constant (ONNX's start + i * delta, in their dtype), so
+    the sizes behind it stay static: a detector's anchor grid over each feature map otherwise
+    becomes a kernel sized at run time. None where an operand is unknown or the output would
+    be larger than the pre-import folding builds."""
+    import math
+
+    import numpy as np
+    from tvm import relax
+
+    from .preprocess import _MAX_OUTPUT_ELEMENTS
+
+    known = [_known_scalar(x) for x in operands]
+    dtype = _dtype_of(operands[0])
+    if None in known or dtype is None or dtype == "bool" or len(operands) != 3:
+        return None
+    start, limit, delta = (np.array(v, dtype=dtype) for v in known)
+    if delta == 0:
+        return None  # TVM's converter reports it
+    count = max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
+    if count > _MAX_OUTPUT_ELEMENTS:
+        return None
+    return relax.const(np.arange(start, limit, delta).astype(dtype), dtype)
 
 
 def _dtype_of(value):
