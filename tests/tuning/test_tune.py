@@ -660,16 +660,16 @@ def test_a_task_whose_design_space_fails_keeps_its_default_and_the_search_goes_o
     assert res.exit_code == 0, res.output
 
 
-def test_default_schedules_measured_on_a_busy_machine_are_measured_again(tmp_path, monkeypatch):
+def test_default_schedules_measured_on_a_busy_machine_are_measured_again(monkeypatch):
     """Load only adds time, and the defaults are the baseline of every speed-up: measured
     while other processes were busy, they are measured again and each keeps its faster
-    figure; the second measurement's records are no trials."""
+    figure (a failed one loses); the second measurement's records are no trials."""
     from rich.console import Console
 
     from tvmopt.kernels import timing
     from tvmopt.tuning import seed
 
-    loads = iter([1.5, 0.0, 0.0])
+    loads, rounds = iter([1.5, 0.0]), iter([[0.5, None, 0.25], [0.1, 0.2, 0.75]])
 
     class Load:
         def __enter__(self):
@@ -683,28 +683,26 @@ def test_default_schedules_measured_on_a_busy_machine_are_measured_again(tmp_pat
         def busy(self):
             return self.cores >= timing.FOREIGN_LOAD_LIMIT
 
-    real, rounds = seed.seed_defaults, []
+    def measured(tasks, *args):
+        return [seed.Seed(t, "default rules", s, s is not None)
+                for t, s in zip(tasks, next(rounds))]
 
-    def measured(*args, **kwargs):
-        got = real(*args, **kwargs)
-        rounds.append(got)
-        if len(rounds) == 2:  # quiet now: the first task's default measures faster
-            got[0] = seed.Seed(got[0].task, got[0].how, rounds[0][0].secs / 10, True)
-        return got
-
-    monkeypatch.setattr(timing, "ForeignLoad", lambda *a, **k: Load())
+    monkeypatch.setattr(timing, "ForeignLoad", Load)
     monkeypatch.setattr(seed, "seed_defaults", measured)
+    monkeypatch.setattr(tune, "make_builder", lambda **kw: None)
     console = Console(record=True, width=400)
-    result = tune.tune(tune.TuneOptions(model=tiny_mlp(tmp_path / "mlp.onnx"), trials=0,
-                                        db=str(tmp_path / "db"), shapes=SHAPE,
-                                        dispatch="codegen"), console=console)
-    assert len(rounds) == 2
+    result = tune.TuneResult(Path("db"), [])
+    tune._measure_defaults(["a", "b", "c"], None, None, None, None, result, console)
     assert ("other processes used 1.50 cores while the default schedules were measured: "
             "measuring them again") in console.export_text()
-    assert result.seeds[0].secs == rounds[0][0].secs / 10
-    assert [s.secs for s in result.seeds[1:]] == [min(a.secs, b.secs) for a, b in
-                                                  zip(rounds[0][1:], rounds[1][1:])]
-    assert result.foreign_load["defaults"] == 0.0 and result.trials_run == 0
+    assert [s.secs for s in result.seeds] == [0.1, 0.2, 0.25]
+    assert result.foreign_load == {"defaults": 0.0} and result.extra_default_records == 3
+    # quiet the first time: measured once
+    loads, rounds = iter([0.0]), iter([[0.5, None, 0.25]])
+    result = tune.TuneResult(Path("db"), [])
+    tune._measure_defaults(["a", "b", "c"], None, None, None, None, result, console)
+    assert [s.secs for s in result.seeds] == [0.5, None, 0.25]
+    assert result.extra_default_records == 0
 
 
 def test_tune_warns_when_other_processes_kept_the_cores_busy(tuned, monkeypatch):

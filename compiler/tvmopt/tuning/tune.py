@@ -439,7 +439,6 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     from ..files import sha256_file
     from ..front import options_differ
     from ..kernels.timing import ForeignLoad, start_tvm_pool
-    from .seed import seed_defaults
 
     start_tvm_pool()  # the front half's dispatch and the task ranking time kernels on it
 
@@ -582,20 +581,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
             # kill the batch in flight; workers started here would not have.
             seed_runner = make_runner(None, None, workers=1)
             try:
-                with ForeignLoad() as load:
-                    result.seeds = seed_defaults(unseeded, db, hw, target,
-                                                 make_builder(workers=1), seed_runner)
-                if load.busy:
-                    # Load only adds time, and these figures are the baseline of every
-                    # speed-up and of the floor: measured again, each keeps its faster one.
-                    console.print(f"other processes used {load.cores:.2f} cores while the "
-                                  "default schedules were measured: measuring them again")
-                    with ForeignLoad() as load:
-                        again = seed_defaults(unseeded, db, hw, target,
-                                              make_builder(workers=1), seed_runner)
-                    result.extra_default_records = sum(1 for sd in again if sd.committed)
-                    result.seeds = [_faster(a, b) for a, b in zip(result.seeds, again)]
-                result.foreign_load["defaults"] = round(load.cores, 2)
+                _measure_defaults(unseeded, db, hw, target, seed_runner, result, console)
             finally:
                 close_runner(seed_runner)
             for t, sd in zip(unseeded, result.seeds):
@@ -626,6 +612,26 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
             _retime(opts, hw, target, tasks, db, result, console)
     result.wall_s = time.perf_counter() - t0
     return result
+
+
+def _measure_defaults(tasks, db, hw, target, runner, result, console) -> None:
+    """Measure (and commit as records) the default schedules of `tasks` into result.seeds,
+    with the CPU load other processes put on the cores meanwhile."""
+    from ..kernels.timing import ForeignLoad
+    from .seed import seed_defaults
+
+    with ForeignLoad() as load:
+        result.seeds = seed_defaults(tasks, db, hw, target, make_builder(workers=1), runner)
+    if load.busy:
+        # Load only adds time, and these figures are the baseline of every speed-up and of
+        # the floor: measured again, each keeps its faster one.
+        console.print(f"other processes used {load.cores:.2f} cores while the default "
+                      "schedules were measured: measuring them again")
+        with ForeignLoad() as load:
+            again = seed_defaults(tasks, db, hw, target, make_builder(workers=1), runner)
+        result.extra_default_records = sum(1 for sd in again if sd.committed)
+        result.seeds = [_faster(a, b) for a, b in zip(result.seeds, again)]
+    result.foreign_load["defaults"] = round(load.cores, 2)
 
 
 def _faster(a, b):
