@@ -123,6 +123,18 @@ def test_plan_cli_on_bundled_model(target, expect):
     assert r.exit_code == 0 and "before fusion" in r.output
 
 
+def test_the_dispatch_table_gives_the_chosen_side_its_rate():
+    from tvmopt.report import _chosen_gflops
+
+    row = {"library_ms": 2.0, "library_bf16_ms": 1.0, "codegen_ms": 4.0, "gflop": 0.5}
+    assert _chosen_gflops({**row, "choice": "library", "precision": "bf16"}) == "500"
+    assert _chosen_gflops({**row, "choice": "library", "precision": "fp32"}) == "250"
+    assert _chosen_gflops({**row, "choice": "codegen", "precision": "fp32"}) == "125"
+    # FLOPs unknown (a symbolic dim), or the side untimed (a forced --dispatch): no figure
+    assert _chosen_gflops({**row, "gflop": None, "choice": "codegen"}) == "-"
+    assert _chosen_gflops({**row, "codegen_ms": None, "choice": "codegen"}) == "-"
+
+
 def test_plan_bad_precision_is_one_line():
     r = CliRunner().invoke(main, ["plan", "--precision", "fp12"])
     assert r.exit_code != 0 and "fp12" in r.output
