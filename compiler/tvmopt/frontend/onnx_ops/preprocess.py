@@ -208,6 +208,14 @@ def _evaluate(node, values: dict, opset: int):
     return outs
 
 
+def range_length(start: float, limit: float, delta: float) -> int:
+    """Elements of ONNX Range(start, limit, delta): max(ceil((limit - start) / delta), 0);
+    0 for a zero delta (which Range itself refuses)."""
+    import math
+
+    return max(math.ceil((limit - start) / delta), 0) if delta else 0
+
+
 def _output_elements(node, values: dict, shapes: dict) -> int:
     """The most elements an output of `node` will have, where that is known before running it
     (0 where it is not): from shape inference, or from the input values of the ops whose output
@@ -228,8 +236,7 @@ def _output_elements(node, values: dict, shapes: dict) -> int:
         elif node.op_type == "Tile" and len(ins) >= 2 and None not in ins[:2]:
             sizes.append(ins[0].size * math.prod(int(r) for r in ins[1].reshape(-1)))
         elif node.op_type == "Range" and len(ins) == 3 and None not in ins:
-            start, limit, delta = (float(v.reshape(-1)[0]) for v in ins)
-            sizes.append(max(math.ceil((limit - start) / delta), 0) if delta else 0)
+            sizes.append(range_length(*(float(v.reshape(-1)[0]) for v in ins)))
     except (ValueError, OverflowError, TypeError):
         pass  # the evaluator refuses these operands itself
     return max(sizes, default=0)

@@ -176,12 +176,10 @@ def _known_range(operands):
     the sizes behind it stay static: a detector's anchor grid over each feature map otherwise
     becomes a kernel sized at run time. None where an operand is unknown or the output would
     be larger than the pre-import folding builds."""
-    import math
-
     import numpy as np
     from tvm import relax
 
-    from .preprocess import _MAX_OUTPUT_ELEMENTS
+    from .preprocess import _MAX_OUTPUT_ELEMENTS, range_length
 
     known = [_known_scalar(x) for x in operands]
     dtype = _dtype_of(operands[0])
@@ -190,8 +188,7 @@ def _known_range(operands):
     start, limit, delta = (np.array(v, dtype=dtype) for v in known)
     if delta == 0:
         return None  # TVM's converter reports it
-    count = max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
-    if count > _MAX_OUTPUT_ELEMENTS:
+    if range_length(float(start), float(limit), float(delta)) > _MAX_OUTPUT_ELEMENTS:
         return None
     return relax.const(np.arange(start, limit, delta).astype(dtype), dtype)
 
