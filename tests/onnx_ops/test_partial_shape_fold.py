@@ -125,3 +125,15 @@ def test_a_range_over_a_static_dim_the_folding_missed_is_a_constant():
     for batch in (1, 2):
         check_against_reference(model, {
             "x": rng.standard_normal((batch, 4, 6, 6)).astype(np.float32)})
+
+
+def test_a_range_of_known_but_infinite_operands_is_left_to_the_converter():
+    """Known operands, but no length: the fold steps aside rather than raise."""
+    from tvm import relax
+
+    from tvmopt.frontend.onnx_ops.shape_values import _known_range
+
+    c = lambda v: relax.const(np.array(v, np.float32))  # noqa: E731
+    assert _known_range([c(0.0), c(np.inf), c(1.0)]) is None
+    assert _known_range([c(0.0), c(np.nan), c(1.0)]) is None
+    assert _known_range([c(0.0), c(3.0), c(1.0)]).value.numpy().tolist() == [0.0, 1.0, 2.0]

@@ -188,7 +188,10 @@ def _known_range(operands):
     start, limit, delta = (np.array(v, dtype=dtype) for v in known)
     if delta == 0:
         return None  # TVM's converter reports it
-    if range_length(float(start), float(limit), float(delta)) > _MAX_OUTPUT_ELEMENTS:
+    try:
+        if range_length(float(start), float(limit), float(delta)) > _MAX_OUTPUT_ELEMENTS:
+            return None
+    except (ValueError, OverflowError):  # an infinite or NaN operand: TVM's converter's case
         return None
     return relax.const(np.arange(start, limit, delta).astype(dtype), dtype)
 
