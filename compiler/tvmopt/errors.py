@@ -50,6 +50,11 @@ class RunError(TvmoptError):
     """A loaded artifact failed while running on the given inputs (a run-time check or kernel)."""
 
 
+class InputValueError(RunError):
+    """A value inside a request (an index, a size read from an input) is out of range: the run
+    is refused before any kernel reads or writes with it; the artifact answers the next call."""
+
+
 class TuningError(TvmoptError):
     """Tuning could not start or continue (locked database, no tasks, bad database)."""
 

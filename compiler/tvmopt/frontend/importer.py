@@ -434,6 +434,8 @@ def _make_importer_class():
             node_name = attrs.get("tvm_custom", {}).get("name") or f"<unnamed {op_name}>"
             node = getattr(self, "_current_node", None)
             if node is not None and node.op_type == op_name:
+                # the node's input names, for converters whose run-time checks name them
+                attrs.get("tvm_custom", {})["inputs"] = list(node.input)
                 attrs = _ReadAttrs(attrs)
                 attrs.read.add("tvm_custom")
                 inputs = _read_inputs_class()(list.__iter__(inputs))

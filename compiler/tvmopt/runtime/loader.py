@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .artifact import Artifact, read_artifact
-from ..errors import ArtifactError, RunError, ShapeError, error_line
+from ..errors import ArtifactError, InputValueError, RunError, ShapeError, error_line
+from ..frontend import run_time_checks
 from ..frontend.narrow_types import by_name, contiguous, from_carrier, np_dtype, to_carrier
 from ..frontend.onnx_model import nonfinite_line
 from ..targets.registry import check_host_can_run
@@ -167,6 +168,8 @@ class LoadedModel:
                 self._checked = sig
         try:
             result = self.run_device(self._staged(feeds))
+        except InputValueError as err:  # a run-time check: its message names node and value
+            raise InputValueError(str(err)) from None
         except Exception as err:  # the VM's own checks (a run-time shape or value it refuses)
             reason = error_line(err)
             shapes = ", ".join(f"{k}{list(np.shape(v))}" for k, v in feeds.items())
@@ -234,6 +237,7 @@ def load(path, check_host: bool = True) -> LoadedModel:
     if check_host:
         check_host_can_run(t["device"], t["arch"], t.get("features", []))
     _load_required_libraries(art)
+    run_time_checks.register_handler()
     try:
         if _needs_onednn(art):
             from ..kernels import onednn

@@ -303,9 +303,9 @@ def _symbolic_reshape_dims(data, target, allowzero: int):
     return dims
 
 
-@register("Gather")
 def gather(bb, inputs, attr, params, opset):
-    """Gather from a shape whose dims are unknown at import (a shape-typed var) reads it as a tensor."""
+    """Gather from a shape whose dims are unknown at import (a shape-typed var) reads it as a
+    tensor (what onnx_ops.indices' Gather calls once its indices are checked)."""
     from tvm import relax
 
     data = inputs[0]

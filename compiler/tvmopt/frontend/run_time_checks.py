@@ -1,0 +1,255 @@
+"""Checks on values that come from a request: indices and sizes read from model inputs.
+
+An index or size the graph reads from its inputs addresses memory: TVM's gather/scatter kernels
+read and write `data[index]` unchecked ("fast" mode), and a size becomes an allocation. Each such
+operand goes through a small check kernel first, which reads it once (normalizing negative
+indices the ONNX way as it goes) and, where a value is out of range, calls the packed function
+`HANDLER` with the site's description and the value. The kernel is compiled into the artifact;
+only the failure path calls out, so a run in range pays one pass over the operand and nothing
+else. Every runtime that loads artifacts registers `HANDLER` (tvmopt.runtime in Python, the edge
+bundle's runner and RPC server in C++) and turns the call into an error of that call: the
+artifact stays loaded and answers the next request.
+
+A check is a PrimFunc with the attribute `CHECK_ATTR` (its description): `listed(mod)` is what
+the manifest says remains at run time. Operands known at compile time are checked there instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+# The packed function a failing check calls: (kind, where, value, low, high, position).
+HANDLER = "tvmopt.run_time_check_failed"
+# The PrimFunc attribute naming a check kernel's site (what the manifest lists).
+CHECK_ATTR = "tvmopt.run_time_check"
+# The largest tensor (in elements) a size read from an input may ask for, unless the compile
+# says otherwise (`compile --max-elements`): 2^31 elements is 8 GiB of float32.
+DEFAULT_MAX_ELEMENTS = 1 << 31
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def limits(max_elements: int | None):
+    """The element limit that size checks emitted inside this block compile in."""
+    old = getattr(_state, "max_elements", None)
+    _state.max_elements = max_elements or DEFAULT_MAX_ELEMENTS
+    try:
+        yield
+    finally:
+        _state.max_elements = old
+
+
+def max_elements() -> int:
+    return getattr(_state, "max_elements", None) or DEFAULT_MAX_ELEMENTS
+
+
+def describe(node_name: str, op_type: str, operand: str, tensor: str | None = None) -> str:
+    """The site as the error names it: node, operator and input."""
+    shown = f" ('{tensor}')" if tensor and tensor != operand else ""
+    return f"node '{node_name}' ({op_type}): input '{operand}'{shown}"
+
+
+def _index_kernel(dtype: str, where: str, negative: bool):
+    """PrimFunc(idx [m, k], bounds [k] int64) -> out [m, k]: out = idx with negative values
+    counted from the end (where `negative`), every value checked against [-bound, bound)
+    ([0, bound) without `negative`); the first one outside calls HANDLER."""
+    from tvm.script import tirx as T
+
+    low_factor = -1 if negative else 0
+
+    @T.prim_func(private=True)
+    def index_check(var_idx: T.handle, var_bounds: T.handle, var_out: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8,
+                     CHECK_ATTR: where})
+        m = T.int64()
+        k = T.int64()
+        idx = T.match_buffer(var_idx, (m, k), dtype)
+        bounds = T.match_buffer(var_bounds, (k,), "int64")
+        out = T.match_buffer(var_out, (m, k), dtype)
+        bad = T.alloc_buffer((3,), "int64")
+        bad[0] = T.int64(0)
+        for i, j in T.grid(m, k):
+            v = T.Cast("int64", idx[i, j])
+            n = bounds[j]
+            if v < n * T.int64(low_factor) or v >= n:
+                if bad[0] == T.int64(0):
+                    bad[0] = T.int64(1)
+                    bad[1] = v
+                    bad[2] = i * k + j
+            out[i, j] = T.Cast(dtype, T.if_then_else(v < T.int64(0), v + n, v))
+        if bad[0] != T.int64(0):
+            col = T.int64(T.floormod(bad[2], k))
+            T.evaluate(T.call_packed(HANDLER, "index", where, bad[1],
+                                     bounds[col] * T.int64(low_factor), bounds[col] - T.int64(1),
+                                     bad[2], k))
+
+    return index_check
+
+
+def checked_indices(bb, indices, bounds: list, where: str, negative: bool = True):
+    """`indices` (any shape; the last axis holds the k coordinates when len(bounds) > 1) checked
+    against `bounds` (k dims, ints or symbolic), negative ones normalized where `negative`.
+
+    Returns the checked indices, same shape and dtype (non-negative, in range).
+    """
+    import numpy as np
+    from tvm import relax, tirx
+
+    k = len(bounds)
+    dtype = str(indices.ty.dtype)
+    shape = indices.ty.shape
+    flat = bb.emit(relax.op.reshape(indices, (-1, k)))
+    if all(isinstance(b, (int, tirx.IntImm)) for b in bounds):
+        bnd = relax.const(np.array([int(b) for b in bounds], "int64"), "int64")
+    else:
+        bnd = relax.op.shape_to_tensor(relax.ShapeExpr([tirx.Cast("int64", b) if not
+                                                        isinstance(b, int) else b
+                                                        for b in bounds]))
+    bnd = bb.emit(bnd)
+    gv = bb.add_func(_index_kernel(dtype, where, negative), "index_check")
+    out = bb.emit(relax.call_tir(gv, [flat, bnd], out_ty=relax.TensorType(flat.ty.shape, dtype)))
+    return bb.emit(relax.op.reshape(out, shape))
+
+
+def check_constant_indices(values, bounds: list[int], where: str, negative: bool = True):
+    """Compile-time form of `checked_indices` for indices that are constants.
+
+    Returns the normalized numpy array.
+
+    Raises:
+        ValueError: naming the value and its range.
+    """
+    import numpy as np
+
+    a = np.asarray(values).astype(np.int64)
+    k = len(bounds)
+    flat = a.reshape(-1, k)
+    b = np.asarray(bounds, np.int64)[None, :]
+    low = -b if negative else np.zeros_like(b)
+    bad = (flat < low) | (flat >= b)
+    if bad.any():
+        pos = int(np.argmax(bad.reshape(-1)))
+        col = pos % k
+        raise ValueError(f"{where}: index {int(flat.reshape(-1)[pos])} is outside "
+                         f"[{int(low[0, col])}, {int(b[0, col]) - 1}]")
+    return np.where(a < 0, a + np.broadcast_to(b.reshape(-1), flat.shape).reshape(a.shape), a) \
+        if negative else a
+
+
+def _size_kernel(where: str, limit: int, n: int, low: int):
+    """PrimFunc(sizes [n] int64, base [n] int64) -> out [n] int64 (a copy): every size >= `low`,
+    and the product over i of (sizes[i] if sizes[i] > 0 else base[i]) at most `limit`
+    (base: what a dim of 0 or -1 stands for, or 1). The first value outside calls HANDLER."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True)
+    def size_check(var_sizes: T.handle, var_base: T.handle, var_out: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8,
+                     CHECK_ATTR: where})
+        sizes = T.match_buffer(var_sizes, (n,), "int64")
+        base = T.match_buffer(var_base, (n,), "int64")
+        out = T.match_buffer(var_out, (n,), "int64")
+        acc = T.alloc_buffer((3,), "int64")
+        acc[0] = T.int64(1)
+        acc[1] = T.int64(-1)
+        for i in range(n):
+            v = sizes[i]
+            out[i] = v
+            if acc[1] < T.int64(0):
+                if v < T.int64(low):
+                    acc[1] = i
+                    acc[2] = v
+                else:
+                    d = T.if_then_else(v > T.int64(0), v, base[i])
+                    if d > T.int64(0):
+                        if acc[0] > T.int64(limit) // d:
+                            acc[1] = i
+                            acc[2] = v
+                        else:
+                            acc[0] = acc[0] * d
+        if acc[1] >= T.int64(0):
+            if acc[2] < T.int64(low):
+                T.evaluate(T.call_packed(HANDLER, "size", where, acc[2], T.int64(low),
+                                         T.int64(limit), acc[1], T.int64(n)))
+            else:
+                T.evaluate(T.call_packed(HANDLER, "elements", where, acc[2], T.int64(0),
+                                         T.int64(limit), acc[1], T.int64(n)))
+
+    return size_check
+
+
+def checked_sizes(bb, sizes, where: str, base=None, low: int = 0):
+    """A 1-D int64 tensor of sizes (an output shape, repeats, a count) read from the inputs,
+    checked: each at least `low`, and the element count they ask for within the compile's
+    limit. `base`: a tensor of the same length whose value counts where a size is 0 or -1
+    (a Reshape copying or inferring a dim; the input's dims), or None (1 each).
+
+    Returns the checked sizes (the same values).
+    """
+    import numpy as np
+    from tvm import relax, tirx
+
+    sizes = bb.normalize(relax.op.astype(sizes, "int64"))
+    shape = sizes.ty.shape
+    if sizes.ty.ndim != 1 or shape is None or not isinstance(shape[0], (int, tirx.IntImm)):
+        return sizes  # a length unknown here: the allocation itself still fails cleanly
+    n = int(shape[0])
+    if base is None:
+        base = relax.const(np.ones(n, "int64"), "int64")
+    gv = bb.add_func(_size_kernel(where, max_elements(), n, low), "size_check")
+    return bb.emit(relax.call_tir(gv, [sizes, bb.normalize(relax.op.astype(base, "int64"))],
+                                  out_ty=relax.TensorType([n], "int64")))
+
+
+def listed(mod) -> list[str]:
+    """The run-time checks in `mod` (their sites), sorted."""
+    from tvm import tirx
+
+    out = []
+    for _, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc) and func.attrs is not None and CHECK_ATTR in func.attrs:
+            out.append(str(func.attrs[CHECK_ATTR]))
+    return sorted(out)
+
+
+def message(kind: str, where: str, value: int, low: int, high: int, position: int,
+            count: int) -> str:
+    """The error text for a failed check (what HANDLER raises)."""
+    if kind == "index":
+        at = f" (coordinate {position % count} of an index tuple)" if count > 1 else ""
+        return (f"{where}: index {value} is out of range: valid indices are "
+                f"[{low}, {high}]{at}")
+    if kind == "size":
+        return (f"{where}: value {value} at position {position} is not a valid size "
+                f"(at least {low})")
+    if kind == "elements":
+        return (f"{where}: value {value} at position {position} asks for a tensor of more than "
+                f"{high} elements, the limit this artifact was compiled with (compile "
+                "--max-elements)")
+    return f"{where}: value {value} is out of range [{low}, {high}]"
+
+
+def _raise(kind, where, value, low, high, position, count):
+    from ..errors import InputValueError
+
+    raise InputValueError(message(str(kind), str(where), int(value), int(low), int(high),
+                                  int(position), int(count)))
+
+
+def register_handler() -> None:
+    """Register HANDLER in this process (idempotent): what a failing check calls."""
+    import tvm_ffi
+
+    if _registered:
+        return
+    from ..errors import InputValueError
+
+    tvm_ffi.register_global_func(HANDLER, _raise, override=True)
+    # so that the error crosses the VM and the kernel as itself, not as a RuntimeError
+    tvm_ffi.register_error("InputValueError", InputValueError)
+    _registered.append(True)
+
+
+_registered: list = []
