@@ -253,3 +253,100 @@ def register_handler() -> None:
 
 
 _registered: list = []
+
+
+# Relax ops that address memory with an index operand (its position), for `check_index_ops`.
+_INDEX_OPS = {"relax.take": 1, "relax.gather_elements": 1, "relax.gather_nd": 1,
+              "relax.scatter_elements": 1, "relax.scatter_nd": 1}
+
+
+def _op_bounds(call, data_dims, idx):
+    """The dims each coordinate of `call`'s indices addresses, or None when unknown."""
+    from tvm import tirx
+
+    name = call.op.name
+    rank = len(data_dims)
+    if name in ("relax.take", "relax.gather_elements", "relax.scatter_elements"):
+        axis = call.attrs.axis
+        if axis is None:  # take over the flattened data
+            size = 1
+            for d in data_dims:
+                size = size * d
+            return [size]
+        axis = int(axis)
+        axis = axis + rank if axis < 0 else axis
+        return [data_dims[axis]]
+    shape = idx.ty.shape
+    if shape is None or not idx.ty.ndim or not isinstance(shape[-1], (int, tirx.IntImm)):
+        return None
+    k = int(shape[-1])
+    start = int(call.attrs.batch_dims) if name == "relax.gather_nd" else 0
+    return data_dims[start:start + k] if start + k <= rank else None
+
+
+def check_index_ops(mod, origin: str):
+    """Every gather/scatter/take in `mod` whose indices are not a constant gets them checked
+    (in range [0, size): the program's own ops have normalized any negative index its
+    semantics allow). For importers that do not check per node (the torch program's); `origin`
+    names the program in the message.
+
+    Raises:
+        ValueError: an index op over data of unknown rank (its indices cannot be checked).
+    """
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class _Checker(PyExprMutator):
+        def __init__(self, mod):
+            super().__init__(mod)
+            self.mod_ = mod
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            pos = _INDEX_OPS.get(getattr(call.op, "name", None))
+            if pos is None or isinstance(call.args[pos], tvm.ir.GenericConst):
+                return call
+            data, idx = call.args[0], call.args[pos]
+            ty = data.ty
+            if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+                raise ValueError(f"{origin}: {call.op.name} over data of unknown rank: its "
+                                 "indices cannot be checked")
+            bounds = _op_bounds(call, list(ty.shape.values), idx)
+            if bounds is None:
+                raise ValueError(f"{origin}: {call.op.name}: the dims its indices address are "
+                                 "unknown at compile time, so they cannot be checked")
+            where = (f"{origin}, {call.op.name.split('.')[-1]} from {self._describe(data)}: "
+                     f"indices {self._describe(idx)}")
+            checked = checked_indices(self.builder_, idx, bounds, where, negative=False)
+            args = list(call.args)
+            args[pos] = checked
+            return relax.Call(call.op, args, call.attrs, call.ty_args, call.span)
+
+        def _describe(self, expr) -> str:
+            """A model input the value comes from through casts and reshapes, by name;
+            otherwise what it is."""
+            seen = expr
+            for _ in range(16):
+                if not isinstance(seen, relax.Var):
+                    break
+                bound = self.lookup_binding(seen)
+                if bound is None:
+                    return f"'{seen.name}' (a model input)"
+                if not isinstance(bound, relax.Call) or not bound.args:
+                    break
+                seen = bound.args[0]
+            if isinstance(expr, tvm.ir.GenericConst) or isinstance(seen, tvm.ir.GenericConst):
+                dims = expr.ty.shape.values if isinstance(expr.ty.shape, relax.ShapeExpr) else []
+                shape = "x".join(str(int(d)) if hasattr(d, "value") else str(d) for d in dims)
+                return f"a constant of shape {shape}"
+            return "a value computed from the inputs"
+
+        def transform(self):
+            for gv, func in self.mod_.functions_items():
+                if isinstance(func, relax.Function):
+                    self.builder_.update_func(gv, self.visit_expr(func))
+            return self.builder_.get()
+
+    return _Checker(mod).transform()

@@ -712,6 +712,12 @@ def import_program(ep, shape_overrides: dict[str, tuple[int, ...]] | None = None
                                                 if k in syms}, "main")(mod)
         mod = _drop_bound_attrs(mod, set(values))
     mod = _plain_input_dims(mod)
+    from .run_time_checks import check_index_ops
+
+    try:
+        mod = check_index_ops(mod, "torch program")
+    except ValueError as err:
+        raise ImportFailure(str(err)) from None
     main = mod["main"]
     input_dims = {v.name for p in main.params for v in _shape_vars(p)}
     in_infos = [_struct_to_info(p.name, p.ty, input_dims) for p in main.params]
