@@ -434,8 +434,6 @@ def _make_importer_class():
             node_name = attrs.get("tvm_custom", {}).get("name") or f"<unnamed {op_name}>"
             node = getattr(self, "_current_node", None)
             if node is not None and node.op_type == op_name:
-                # the node's input names, for converters whose run-time checks name them
-                attrs.get("tvm_custom", {})["inputs"] = list(node.input)
                 attrs = _ReadAttrs(attrs)
                 attrs.read.add("tvm_custom")
                 inputs = _read_inputs_class()(list.__iter__(inputs))
@@ -445,9 +443,14 @@ def _make_importer_class():
                 agreed = shape_values.agree_broadcast_dims(self.bb, list(list.__iter__(inputs)))
                 for k, v in enumerate(agreed):
                     list.__setitem__(inputs, k, v)
+            from . import run_time_checks
+
             try:
-                sym = cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
-                                                          [self._nodes, self._params])
+                with run_time_checks.at_node(node_name, op_name, list(node.input)
+                                             if node is not None and node.op_type == op_name
+                                             else []):
+                    sym = cmap[op_name].get_converter(opset)(self.bb, inputs, attrs,
+                                                              [self._nodes, self._params])
                 if isinstance(attrs, _ReadAttrs):
                     ignored = ignored_by_converter(node, attrs, inputs, opset)
                     if ignored:

@@ -45,6 +45,26 @@ def max_elements() -> int:
     return getattr(_state, "max_elements", None) or DEFAULT_MAX_ELEMENTS
 
 
+@contextlib.contextmanager
+def at_node(name: str, op_type: str, inputs: list[str]):
+    """The ONNX node being converted: what `site()` names in the checks emitted meanwhile."""
+    old = getattr(_state, "node", None)
+    _state.node = (name, op_type, list(inputs))
+    try:
+        yield
+    finally:
+        _state.node = old
+
+
+def site(position: int | None = None, operand: str | None = None) -> str:
+    """The node being converted (and one of its inputs), as a check's error names it."""
+    name, op_type, inputs = getattr(_state, "node", None) or ("?", "?", [])
+    if position is None:
+        return f"node '{name}' ({op_type})"
+    tensor = inputs[position] if position < len(inputs) else None
+    return describe(name, op_type, operand or f"#{position}", tensor)
+
+
 def describe(node_name: str, op_type: str, operand: str, tensor: str | None = None) -> str:
     """The site as the error names it: node, operator and input."""
     shown = f" ('{tensor}')" if tensor and tensor != operand else ""
@@ -138,10 +158,22 @@ def check_constant_indices(values, bounds: list[int], where: str, negative: bool
         if negative else a
 
 
-def _size_kernel(where: str, limit: int, n: int, low: int):
-    """PrimFunc(sizes [n] int64, base [n] int64) -> out [n] int64 (a copy): every size >= `low`,
-    and the product over i of (sizes[i] if sizes[i] > 0 else base[i]) at most `limit`
-    (base: what a dim of 0 or -1 stands for, or 1). The first value outside calls HANDLER."""
+# What a size check verifies, per value v (with b the matching value of its `base` operand):
+SIZE_MODES = {
+    "dims": 0,     # v >= low and v <= high; the output dims are the v
+    "tile": 1,     # v >= low; the output dims are v * b (repeats of the input's dims)
+    "expand": 2,   # v >= 0 and (v == 1 or b == 1 or v == b): numpy broadcasting against b
+    "reshape": 3,  # v >= 0 and the product of the v equals base[0] (the input's element count)
+    "nonzero": 4,  # v != 0 (a step, a delta); no output dims
+    "split": 5,    # v >= 0 and the sum of the v equals base[0] (the split axis' length)
+}
+
+
+def _size_kernel(where: str, limit: int, n: int, mode: int, low: int, high: int):
+    explicit_high = high != limit
+    """PrimFunc(sizes [n] int64, base [n] int64) -> out [n] int64 (a copy of sizes), checking
+    them by `mode` (SIZE_MODES) and the element count of the output dims against `limit`.
+    The first violation calls HANDLER."""
     from tvm.script import tirx as T
 
     @T.prim_func(private=True)
@@ -151,56 +183,99 @@ def _size_kernel(where: str, limit: int, n: int, low: int):
         sizes = T.match_buffer(var_sizes, (n,), "int64")
         base = T.match_buffer(var_base, (n,), "int64")
         out = T.match_buffer(var_out, (n,), "int64")
-        acc = T.alloc_buffer((3,), "int64")
-        acc[0] = T.int64(1)
-        acc[1] = T.int64(-1)
+        # acc: [product or sum so far, failure kind (0 none), value, position, detail]
+        acc = T.alloc_buffer((5,), "int64")
+        acc[0] = T.int64(1) if mode != 5 else T.int64(0)
+        acc[1] = T.int64(0)
         for i in range(n):
             v = sizes[i]
+            b = base[i]
             out[i] = v
-            if acc[1] < T.int64(0):
-                if v < T.int64(low):
-                    acc[1] = i
+            if acc[1] == T.int64(0):
+                if mode == 4:
+                    if v == T.int64(0):
+                        acc[1] = T.int64(1)
+                        acc[2] = v
+                        acc[3] = T.Cast("int64", i)
+                elif v < T.int64(low) or v > T.int64(high):
+                    # above a bound the caller gave (TopK's k) or above the element limit
+                    acc[1] = T.if_then_else(v < T.int64(low) or explicit_high, T.int64(1),
+                                            T.int64(3))
                     acc[2] = v
+                    acc[3] = T.Cast("int64", i)
+                elif mode == 2 and v != T.int64(1) and b != T.int64(1) and v != b:
+                    acc[1] = T.int64(2)
+                    acc[2] = v
+                    acc[3] = T.Cast("int64", i)
+                    acc[4] = b
+                elif mode == 5:
+                    acc[0] = acc[0] + v
                 else:
-                    d = T.if_then_else(v > T.int64(0), v, base[i])
+                    d = T.if_then_else(mode == 1, v * b, T.if_then_else(
+                        mode == 2 and v == T.int64(1), b, v))
                     if d > T.int64(0):
                         if acc[0] > T.int64(limit) // d:
-                            acc[1] = i
+                            acc[1] = T.int64(3)
                             acc[2] = v
+                            acc[3] = T.Cast("int64", i)
                         else:
                             acc[0] = acc[0] * d
-        if acc[1] >= T.int64(0):
-            if acc[2] < T.int64(low):
-                T.evaluate(T.call_packed(HANDLER, "size", where, acc[2], T.int64(low),
-                                         T.int64(limit), acc[1], T.int64(n)))
-            else:
-                T.evaluate(T.call_packed(HANDLER, "elements", where, acc[2], T.int64(0),
-                                         T.int64(limit), acc[1], T.int64(n)))
+                    else:
+                        acc[0] = T.int64(0)
+        if acc[1] == T.int64(0) and (mode == 3 or mode == 5) and acc[0] != base[0]:
+            acc[1] = T.int64(4)
+            acc[2] = acc[0]
+            acc[3] = T.int64(0)
+            acc[4] = base[0]
+        if acc[1] == T.int64(1):
+            T.evaluate(T.call_packed(HANDLER, "size" if mode != 4 else "nonzero", where, acc[2],
+                                     T.int64(low), T.int64(high), acc[3], T.int64(n)))
+        if acc[1] == T.int64(2):
+            T.evaluate(T.call_packed(HANDLER, "broadcast", where, acc[2], acc[4], acc[4],
+                                     acc[3], T.int64(n)))
+        if acc[1] == T.int64(3):
+            T.evaluate(T.call_packed(HANDLER, "elements", where, acc[2], T.int64(0),
+                                     T.int64(limit), acc[3], T.int64(n)))
+        if acc[1] == T.int64(4):
+            T.evaluate(T.call_packed(HANDLER, "reshape" if mode == 3 else "split", where,
+                                     acc[2], acc[4], acc[4], T.int64(0), T.int64(n)))
 
     return size_check
 
 
-def checked_sizes(bb, sizes, where: str, base=None, low: int = 0):
-    """A 1-D int64 tensor of sizes (an output shape, repeats, a count) read from the inputs,
-    checked: each at least `low`, and the element count they ask for within the compile's
-    limit. `base`: a tensor of the same length whose value counts where a size is 0 or -1
-    (a Reshape copying or inferring a dim; the input's dims), or None (1 each).
+def checked_sizes(bb, sizes, where: str | None = None, mode: str = "dims", base=None,
+                  low: int = 0, high: int | None = None):
+    """A 1-D int tensor of sizes read from the inputs (an output shape, repeats, a count, a
+    step), checked by `mode` (SIZE_MODES) and the element count against the compile's limit.
+    `base`: the values the mode compares with (a tensor of the same length, or a scalar for
+    "reshape"/"split"), None for 1 each. `where`: the site (default: the node being converted).
 
-    Returns the checked sizes (the same values).
+    Returns the checked sizes as int64 (the same values); a tensor of unknown length is
+    returned unchecked (its allocation still fails cleanly).
     """
     import numpy as np
     from tvm import relax, tirx
 
     sizes = bb.normalize(relax.op.astype(sizes, "int64"))
     shape = sizes.ty.shape
-    if sizes.ty.ndim != 1 or shape is None or not isinstance(shape[0], (int, tirx.IntImm)):
-        return sizes  # a length unknown here: the allocation itself still fails cleanly
-    n = int(shape[0])
+    if sizes.ty.ndim == 0:
+        sizes = bb.normalize(relax.op.reshape(sizes, [1]))
+        shape = sizes.ty.shape
+    if sizes.ty.ndim != 1 or not isinstance(shape, relax.ShapeExpr) or \
+            not isinstance(shape.values[0], tirx.IntImm):
+        return sizes
+    n = int(shape.values[0])
+    if n == 0:
+        return sizes
     if base is None:
         base = relax.const(np.ones(n, "int64"), "int64")
-    gv = bb.add_func(_size_kernel(where, max_elements(), n, low), "size_check")
-    return bb.emit(relax.call_tir(gv, [sizes, bb.normalize(relax.op.astype(base, "int64"))],
-                                  out_ty=relax.TensorType([n], "int64")))
+    base = bb.normalize(relax.op.astype(base, "int64"))
+    if mode in ("reshape", "split"):  # one value to compare with: as base[0]
+        base = bb.normalize(relax.op.broadcast_to(relax.op.reshape(base, [1]), [n]))
+    limit = max_elements()
+    gv = bb.add_func(_size_kernel(where or site(), limit, n, SIZE_MODES[mode], low,
+                                  limit if high is None else high), "size_check")
+    return bb.emit(relax.call_tir(gv, [sizes, base], out_ty=relax.TensorType([n], "int64")))
 
 
 def listed(mod) -> list[str]:
@@ -222,12 +297,22 @@ def message(kind: str, where: str, value: int, low: int, high: int, position: in
         return (f"{where}: index {value} is out of range: valid indices are "
                 f"[{low}, {high}]{at}")
     if kind == "size":
-        return (f"{where}: value {value} at position {position} is not a valid size "
-                f"(at least {low})")
+        valid = f"at least {low}" if high >= max_elements() else f"{low}..{high}"
+        return f"{where}: value {value} at position {position} is out of range ({valid})"
+    if kind == "nonzero":
+        return f"{where}: value {value} at position {position} must not be 0"
+    if kind == "broadcast":
+        return (f"{where}: value {value} at position {position} cannot broadcast with the "
+                f"input's dim {low} (it must be 1, or equal it, or the dim must be 1)")
+    if kind == "reshape":
+        return (f"{where}: the shape holds {value} elements, the input {low}: "
+                "they must be equal")
+    if kind == "split":
+        return f"{where}: the parts add up to {value}, the axis is {low} long: they must be equal"
     if kind == "elements":
-        return (f"{where}: value {value} at position {position} asks for a tensor of more than "
-                f"{high} elements, the limit this artifact was compiled with (compile "
-                "--max-elements)")
+        at = f"value {value} at position {position}" if count > 1 else f"value {value}"
+        return (f"{where}: {at} asks for a tensor of more than {high} elements, the limit "
+                "this artifact was compiled with (compile --max-elements)")
     return f"{where}: value {value} is out of range [{low}, {high}]"
 
 

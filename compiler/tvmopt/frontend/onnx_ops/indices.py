@@ -12,16 +12,6 @@ from . import register, tvm_converter
 from .run_time_operands import is_run_time
 
 
-def _site(attr, op_type: str, position: int, operand: str) -> str:
-    from ..run_time_checks import describe
-
-    custom = attr.get("tvm_custom", {}) if hasattr(attr, "get") else {}
-    name = custom.get("name") or f"<unnamed {op_type}>"
-    inputs = custom.get("inputs") or []
-    tensor = inputs[position] if position < len(inputs) else None
-    return describe(name, op_type, operand, tensor)
-
-
 def _dims(data):
     """data's dims (ints or symbolic), or None when its rank is unknown."""
     from tvm import relax, tirx
@@ -81,7 +71,7 @@ def _make(op_type: str):
                     # a shape read at run-time positions: as the int64 tensor it is
                     data = as_shape_tensor(bb, data)
                     list.__setitem__(inputs, 0, data)
-                where = _site(attr, op_type, 1, "indices")
+                where = run_time_checks.site(1, "indices")
                 const = get_constant(indices, params)
                 if isinstance(const, tvm.ir.GenericConst):
                     bounds = _bounds(op_type, attr, data, const)

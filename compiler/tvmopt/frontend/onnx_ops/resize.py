@@ -290,8 +290,9 @@ def _symbolic_resize(bb, x, inputs, attr, params, text):
         if length is None or len(length) != 1 or not isinstance(length[0], tirx.IntImm) \
                 or int(length[0]) != 4:
             return None
-        if str(sizes_in.ty.dtype) != "int64":
-            sizes_in = bb.normalize(relax.op.astype(sizes_in, "int64"))
+        from .. import run_time_checks
+
+        sizes_in = run_time_checks.checked_sizes(bb, sizes_in, run_time_checks.site(3, "sizes"))
         # The batch and channel entries must be x's own: the match_cast checks it at run time.
         out_hw = [tirx.Var(f"resize_h{id(sizes_in) % 10007}", "int64"),
                   tirx.Var(f"resize_w{id(sizes_in) % 10007}", "int64")]

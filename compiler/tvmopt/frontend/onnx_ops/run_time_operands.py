@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 
+from .. import run_time_checks
 from . import register, tvm_converter
 
 _REDUCE_OPS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
@@ -40,10 +41,18 @@ def is_run_time(value, params) -> bool:
     return not isinstance(value, (tvm.ir.GenericConst, relax.ShapeExpr))
 
 
-def shape_vars(bb, tensor, n: int, hint: str):
-    """Bind the n int64 values of a 1-D run-time tensor to fresh symbolic vars."""
+def shape_vars(bb, tensor, n: int, hint: str, check: str | None = "dims", **limits):
+    """Bind the n int64 values of a 1-D run-time tensor to fresh symbolic vars.
+
+    check: how the values are checked first (a run_time_checks.SIZE_MODES mode: by default
+    each a size >= 0 and their element count within the compile's limit, the error naming the
+    node being converted); None where the graph computed them from shapes, in range by
+    construction. `limits`: low/high/base for the check.
+    """
     from tvm import relax, tirx
 
+    if check is not None:
+        tensor = run_time_checks.checked_sizes(bb, tensor, mode=check, **limits)
     shape = bb.emit(relax.op.tensor_to_shape(tensor))
     names = [f"{hint}{next(_fresh)}" for _ in range(n)]
     dims = [tirx.Var(name, "int64") for name in names]
@@ -108,7 +117,7 @@ def _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params, bool_input=F
     kept = relax.op.where(flag, one, dims)
     gone = relax.op.where(flag, dims, one)
     pairs = bb.emit(relax.op.reshape(relax.op.stack([kept, gone], axis=1), [2 * rank]))
-    split_dims = shape_vars(bb, pairs, 2 * rank, "reduce_d")
+    split_dims = shape_vars(bb, pairs, 2 * rank, "reduce_d", check=None)
     xs = bb.emit(relax.op.reshape(x, relax.ShapeExpr(split_dims)))
     fixed = relax.const(np.arange(1, 2 * rank, 2, dtype="int64"), "int64")
     base = _base_converter(op_type, opset)
@@ -138,7 +147,7 @@ def _reduce_run_time_axes(bb, op_type, opset, inputs, attr, params, bool_input=F
     kept_dims = bb.emit(relax.op.sum(relax.op.multiply(
         relax.op.expand_dims(relax.op.multiply(dims, keep), 1), lands), [0]))
     return bb.emit(relax.op.reshape(out, relax.ShapeExpr(
-        shape_vars(bb, kept_dims, n_out, "reduce_o"))))
+        shape_vars(bb, kept_dims, n_out, "reduce_o", check=None))))
 
 
 def _identity(op_type: str, dtype: str, bool_input: bool):
@@ -312,6 +321,8 @@ class Slice:
         d = _dims_tensor(bb, x)
         t = spread(steps, _i64(np.ones(rank))) if steps is not None else _i64(np.ones(rank))
         t = bb.emit(t)
+        if steps is not None and is_run_time(steps, None):
+            t = run_time_checks.checked_sizes(bb, t, run_time_checks.site(4, "steps"), "nonzero")
         s = bb.emit(spread(starts, _i64(np.zeros(rank))))
         e = bb.emit(spread(ends, d))
         zero = _i64(0)
@@ -327,7 +338,7 @@ class Slice:
         at = relax.op.abs(t)
         length = relax.op.maximum(
             relax.op.floor_divide(relax.op.subtract(relax.op.add(span, at), _i64(1)), at), zero)
-        fresh = shape_vars(bb, bb.emit(length), rank, "slice_")
+        fresh = shape_vars(bb, bb.emit(length), rank, "slice_", check=None)
         out_shape = [fresh[k] if k in touched else x.ty.shape.values[k] for k in range(rank)]
 
         def gather(data, begin, step):  # begin/step are read from tensors: only shapes bind vars
@@ -380,7 +391,7 @@ class Unsqueeze:
         keep = relax.op.subtract(_i64(1), flag)
         dims = bb.emit(relax.op.add(flag, relax.op.multiply(keep, moved)))
         return bb.emit(relax.op.reshape(x, relax.ShapeExpr(shape_vars(bb, dims, out_rank,
-                                                                        "unsq_"))))
+                                                                        "unsq_", check=None))))
 
 
 @register("Pad")
@@ -514,7 +525,10 @@ class Split:
         sizes = bb.emit(relax.op.astype(split, "int64"))
         offsets = bb.emit(relax.op.sum(relax.op.multiply(
             _i64(np.tril(np.ones((n, n)), -1)), relax.op.expand_dims(sizes, 0)), [1]))
-        lengths = shape_vars(bb, sizes, n, "split_")
+        sizes = run_time_checks.checked_sizes(bb, sizes, run_time_checks.site(1, "split"),
+                                              "split", base=relax.op.strided_slice(
+                                                  _dims_tensor(bb, x), [0], [axis], [axis + 1]))
+        lengths = shape_vars(bb, sizes, n, "split_", check=None)
         outs = []
         for k in range(n):
             shape = list(x.ty.shape)
@@ -613,7 +627,8 @@ class TopK:
         both = relax.Tuple([_unsortable(bb, bb.emit(relax.TupleGetItem(both, 0)), dtype),
                             bb.emit(relax.TupleGetItem(both, 1))])
         (kv,) = shape_vars(bb, bb.emit(relax.op.reshape(relax.op.astype(inputs[1], "int64"),
-                                                        [1])), 1, "topk_k")
+                                                        [1])), 1, "topk_k", high=int(n),
+                           where=run_time_checks.site(1, "K"))
         shape = list(x.ty.shape)
         shape[axis] = kv
 
@@ -695,7 +710,9 @@ class OneHot:
         axis = int(attr.get("axis", -1))
         axis = axis + rank if axis < 0 else axis
         depth = bb.emit(relax.op.reshape(relax.op.astype(depth, "int64"), [1]))
-        (dv,) = shape_vars(bb, depth, 1, "onehot_depth")
+        (dv,) = shape_vars(bb, depth, 1, "onehot_depth", check="tile", low=1,
+                           where=run_time_checks.site(1, "depth"),
+                           base=relax.op.reshape(relax.op.prod(_dims_tensor(bb, indices)), [1]))
         shape = list(indices.ty.shape)
         shape.insert(axis, dv)
 

@@ -129,7 +129,8 @@ class Range:
         symbolic = any(prim_of(x) is not None for x in inputs[:3])
         if not symbolic or any(x is None for x in (start, limit, delta)) or not step or dtype is None \
                 or "int" not in dtype:
-            return tvm_converter("Range", opset)(bb, inputs, attr, params)
+            return tvm_converter("Range", opset)(bb, _checked_range(bb, list(inputs[:3])), attr,
+                                                 params)
         analyzer = Analyzer()
         if step > 0:
             count = tirx.floordiv(limit - start + (step - 1), step)
@@ -151,6 +152,42 @@ class Range:
         if dtype != "int64":
             out = relax.op.astype(out, dtype)
         return out
+
+
+def _checked_range(bb, operands):
+    """Range's start, limit and delta, where one is a tensor fed or computed at run time, tied
+    to checks of what they ask for: delta not 0 (an integer division by it would trap), and
+    the element count ceil((limit - start) / delta) within the compile's limit. The checks'
+    results enter start and delta as a factor of 1 / a term of 0, so they run first."""
+    import numpy as np
+    from tvm import relax
+
+    from .. import run_time_checks
+
+    if not any(_is_tensor_var(v) for v in operands) or any(
+            not isinstance(getattr(v, "ty", None), relax.TensorType) for v in operands):
+        return operands
+    dtype = str(operands[0].ty.dtype)
+    s, lim, d = (bb.normalize(relax.op.astype(relax.op.reshape(v, [1]), "float64"))
+                 for v in operands)
+    nonzero = bb.normalize(relax.op.astype(relax.op.not_equal(d, relax.const(0.0, "float64")),
+                                           "int64"))
+    nonzero = run_time_checks.checked_sizes(bb, nonzero, run_time_checks.site(2, "delta"),
+                                            "nonzero")
+    safe = relax.op.where(relax.op.equal(d, relax.const(0.0, "float64")),
+                          relax.const(1.0, "float64"), d)
+    count = relax.op.ceil(relax.op.divide(relax.op.subtract(lim, s), safe))
+    big = float(run_time_checks.max_elements() + 1)
+    count = relax.op.clip(relax.op.maximum(count, relax.const(0.0, "float64")), 0.0, big)
+    count = bb.normalize(relax.op.astype(count, "int64"))
+    count = run_time_checks.checked_sizes(
+        bb, count, f"{run_time_checks.site()}: the element count ceil((limit - start) / delta)")
+    one = relax.op.astype(relax.op.reshape(nonzero, []), dtype)
+    zero = relax.op.astype(relax.op.multiply(relax.op.reshape(count, []),
+                                             relax.const(0, "int64")), dtype)
+    start = bb.normalize(relax.op.add(operands[0], zero))
+    delta = bb.normalize(relax.op.multiply(operands[2], one))
+    return [start, operands[1], delta]
 
 
 def _known_scalar(value):
@@ -410,7 +447,15 @@ def expand(bb, inputs, attr, params, opset):
         # TVM broadcasts to the run-time values as they are, so a 1 that should keep the
         # input's dim (shape [2, 1, 6] on a (3, 1) input) shrank it: bind the values to
         # symbolic dims and apply the broadcast rules to them.
-        target = shape_vars(bb, shape, _static_len(shape, "shape"), "expand_")
+        from .. import run_time_checks
+
+        length = _static_len(shape, "shape")
+        have = list(ty.shape.values)
+        aligned = [1] * (length - len(have)) + have if length >= len(have) else \
+            have[len(have) - length:]
+        base = relax.op.shape_to_tensor(relax.ShapeExpr(aligned))
+        target = shape_vars(bb, shape, length, "expand_", check="expand", base=base,
+                            where=run_time_checks.site(1, "shape"))
     if target is None or not isinstance(ty, relax.TensorType) \
             or not isinstance(ty.shape, relax.ShapeExpr):
         return tvm_converter("Expand", opset)(bb, inputs, attr, params)
@@ -517,6 +562,10 @@ def _runtime_reshape(bb, data, shape, allowzero: int):
                                          relax.const(1, "int64"), shape), keepdims=True)
     inferred = relax.op.floor_divide(total, relax.op.maximum(known, relax.const(1, "int64")))
     shape = bb.normalize(relax.op.where(relax.op.equal(shape, minus_one), inferred, shape))
+    from .. import run_time_checks
+
+    shape = run_time_checks.checked_sizes(bb, shape, run_time_checks.site(1, "shape"), "reshape",
+                                          base=total)
     from tvm.relax.frontend.onnx.onnx_frontend import _tensor_to_shape_expr
 
     return relax.op.reshape(data, _tensor_to_shape_expr(bb, shape, length, "reshape_dim"))
@@ -722,8 +771,15 @@ def tile(bb, inputs, attr, params, opset):
     ty = getattr(x, "ty", None)
     if reps is None or const_ints(inputs[1]) is not None or not isinstance(ty, relax.TensorType) \
             or not isinstance(ty.shape, relax.ShapeExpr) or len(reps) != ty.ndim:
-        return tvm_converter("Tile", opset)(bb, [x, as_shape_tensor(bb, inputs[1])], attr,
-                                            params)
+        repeats = as_shape_tensor(bb, inputs[1])
+        if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr) and \
+                _is_tensor_var(inputs[1]):
+            from .. import run_time_checks
+
+            repeats = run_time_checks.checked_sizes(
+                bb, repeats, run_time_checks.site(1, "repeats"), "tile",
+                base=relax.op.shape_to_tensor(ty.shape))
+        return tvm_converter("Tile", opset)(bb, [x, repeats], attr, params)
     dims = list(ty.shape.values)
     inter = [v for d in dims for v in (1, d)]
     wide = [v for r, d in zip(reps, dims) for v in (r, d)]
