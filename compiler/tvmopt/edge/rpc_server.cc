@@ -51,6 +51,8 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/string.h>
 
+#include "run_time_checks.h"
+
 namespace ffi = tvm::ffi;
 
 namespace {
@@ -417,6 +419,7 @@ void Serve(int fd, int timeout_s, const std::string& peer) {
     int rc = 0;
     try {
       RegisterWorkDir(work);
+      tvmopt_checks::Register();  // a bench over RPC runs whole artifacts, checks included
       auto loop = ffi::Function::GetGlobal("rpc.ServerLoop");
       if (!loop.has_value()) {
         Log("libtvm_runtime.so has no rpc.ServerLoop");

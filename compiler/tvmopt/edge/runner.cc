@@ -42,6 +42,8 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/string.h>
 
+#include "run_time_checks.h"
+
 namespace ffi = tvm::ffi;
 
 namespace {
@@ -616,6 +618,7 @@ int Run(int argc, char** argv) {
   if (dlopen(runtime.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
     throw Failure(runtime + ": cannot be loaded: " + dlerror());
   }
+  tvmopt_checks::Register();
   ffi::Module lib = ffi::Module::LoadFromFile(ffi::String(dir + "/" + library));
   auto load_exec = lib->GetFunction(ffi::String("vm_load_executable"));
   if (!load_exec.has_value()) throw Failure(dir + "/" + library + ": not a Relax VM library (no vm_load_executable)");

@@ -28,6 +28,7 @@ def build_key(source: Path, tc: Toolchain, rt: Runtime) -> str:
     runtime versions it links and the architecture."""
     key = hashlib.sha256()
     key.update(source.read_bytes())
+    key.update(source.with_name("run_time_checks.h").read_bytes())  # both binaries include it
     key.update(_compiler_id(tc.cxx).encode())
     key.update(repr(sorted(rt.versions.items())).encode())
     key.update(tc.arch.encode())
