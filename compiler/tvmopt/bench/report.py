@@ -130,6 +130,10 @@ def _print_load(ld: dict) -> None:
            f"{s['mean_batch_items']:.2f}"]
     console.print(fitted_table(cols, [row], ("items/s", "batches", "mean batch", "timed out",
                                              "utilization")))
+    if s.get("failed"):
+        console.print(f"failed: {s['failed']} request(s) the artifact refused; the server went on")
+        for msg, n in (s.get("errors") or {}).items():
+            console.print(f"  {n}x {msg}")
     if s["latency"]:
         cols = [(c, "right") for c in ("", "min", "mean", "P50", "P90", "P95", "P99", "P99.9",
                                        "max")]

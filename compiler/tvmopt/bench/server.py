@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import TvmoptError
 from .load import Request
 from .stats import summarize, trend
 
@@ -115,11 +116,13 @@ class ServerResult:
     arrival: np.ndarray
     start: np.ndarray      # NaN when never started
     finish: np.ndarray     # NaN when never finished
-    status: list[str]      # "ok", "dropped" (queue full), "timed_out" (waited past timeout)
+    status: list[str]      # "ok", "dropped" (queue full), "timed_out" (waited past timeout),
+    #                        "failed" (the artifact refused the request's values)
     batches: list[tuple[float, float, int, int]]  # (start, finish, items, requests)
     duration: float        # length of the arrival schedule
     size_is_items: bool = True
     depth: list[tuple[float, int]] | None = None  # (time, queued requests) at each change
+    errors: dict[str, int] | None = None  # what failed requests' runs raised, and how often
 
     def summary(self) -> dict:
         """Everything the report prints and the JSON holds (see docs/performance.md: bench JSON schema)."""
@@ -137,6 +140,8 @@ class ServerResult:
             "completed": int(ok.sum()),
             "dropped": self.status.count("dropped"),
             "timed_out": self.status.count("timed_out"),
+            "failed": self.status.count("failed"),
+            "errors": dict(sorted((self.errors or {}).items(), key=lambda kv: -kv[1])[:5]),
             "offered_rate": len(self.requests) / self.duration if self.duration > 0 else 0.0,
             "achieved_rate": float(ok.sum()) / span,
             "achieved_items_per_s": float(items[ok].sum()) / span,
@@ -202,6 +207,7 @@ def serve(runner, clock, requests: list[Request], policy: BatchPolicy,
     status = ["pending"] * n
     batches: list[tuple[float, float, int, int]] = []
     depth: list[tuple[float, int]] = [(0.0, 0)]
+    errors: dict[str, int] = {}
 
     def items(r):
         return r.value if size_is_items else 1
@@ -267,12 +273,19 @@ def serve(runner, clock, requests: list[Request], policy: BatchPolicy,
             chosen = {r.id for r in batch}
             q = deque(r for r in q if r.id not in chosen)
             s = clock.now() - t0
-            runner.run(total, key(head))
+            try:
+                runner.run(total, key(head))
+                outcome = "ok"
+            except TvmoptError as err:
+                # a request the artifact refuses (a run-time check: an index or size out of
+                # range) fails on its own; the server goes on with the next batch
+                outcome = "failed"
+                errors[str(err)] = errors.get(str(err), 0) + 1
             f = clock.now() - t0
             batches.append((s, f, total, len(batch)))
             for r in batch:
                 i = index[r.id]
-                start[i], finish[i], status[i] = s, f, "ok"
+                start[i], finish[i], status[i] = s, f, outcome
     finally:
         src.close()
     # a request the client had not handed over by the horizon (issued late on a saturated
@@ -282,4 +295,4 @@ def serve(runner, clock, requests: list[Request], policy: BatchPolicy,
     if duration is None:
         duration = float(max(arrival)) if n else 0.0
     return ServerResult(list(requests), arrival, start, finish, status, batches, duration,
-                        size_is_items, depth)
+                        size_is_items, depth, errors)

@@ -35,11 +35,15 @@ from . import options
               help="Fail if --db misses any task (library choices as tuned even with --retime).")
 @options.dispatch()
 @options.allow_newer_opset()
+@click.option("--max-elements", type=click.IntRange(min=1), default=None,
+              help="Refuse at run time (before allocating) any tensor whose shape is read from "
+                   "the inputs and holds more elements than this [default: 2^31].")
 @click.option("--bundle", is_flag=True,
               help="Write one tarball for a Linux board instead: the library, the TVM runtime "
                    "libraries and a C++ runner (bin/tvmopt-run), no Python needed (docs/edge.md).")
 def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, max_error,
-            calibration, retime, db, require_db, dispatch, allow_newer_opset, bundle):
+            calibration, retime, db, require_db, dispatch, allow_newer_opset, max_elements,
+            bundle):
     """Compile MODEL (.onnx, or a torch.export.save'd .pt2) into a deployable artifact folder
     (or, with --bundle, a tarball for a board)."""
     from ..interface.compile import CompileOptions, compile_model
@@ -53,7 +57,7 @@ def compile(model, target, output, shapes, verify, atol, rtol, dims, precision, 
                           precision=precision,
                           max_error=max_error, calibration=calibration, retime=retime, db=db,
                           require_db=require_db, dispatch=dispatch,
-                          allow_newer_opset=allow_newer_opset)
+                          allow_newer_opset=allow_newer_opset, max_elements=max_elements)
     if bundle:
         from ..edge.bundle import compile_bundle
         from ..report import print_bundle

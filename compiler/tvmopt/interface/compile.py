@@ -40,6 +40,9 @@ class CompileOptions:
             this host, the faster kept), "codegen" (default schedules) or "library" (oneDNN
             wherever it takes the kernel); see tvmopt.pipeline.DISPATCH.
         allow_newer_opset: import an opset newer than the importer knows (recorded).
+        max_elements: the largest tensor a shape read from the inputs may ask for; a request
+            past it is refused at run time before allocating (None: the default,
+            frontend.run_time_checks.DEFAULT_MAX_ELEMENTS).
     """
 
     model: str
@@ -64,6 +67,7 @@ class CompileOptions:
     # only then do its records match), else DEFAULT_DISPATCH.
     dispatch: str | None = None
     allow_newer_opset: bool = False
+    max_elements: int | None = None
 
     def __post_init__(self):
         from ..pipeline import DISPATCH
@@ -162,7 +166,10 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
         enable_cuda_codegen()
     stage.enter("import", opts.model)
     model = model_file.load(opts.model)
-    imported = model_file.import_loaded(model, opts.shapes, opts.allow_newer_opset)
+    from ..frontend import run_time_checks
+
+    with run_time_checks.limits(opts.max_elements):
+        imported = model_file.import_loaded(model, opts.shapes, opts.allow_newer_opset)
     timings["import_s"] = time.perf_counter() - t0
     _check_dim_names(opts.dim_bounds, imported.inputs)
     from ..frontend.onnx_model import nonfinite_weights
@@ -273,6 +280,11 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
                                                     **opts.dim_bounds}.items()},
             "passes": pipeline.pass_names(hw.device, target, cfg),
             "precision": precision_manifest(plan),
+            # what a request's values are checked for when the artifact runs (the checks the
+            # import could not settle at compile time), and the size limit compiled in
+            "run_time_checks": {"max_elements": opts.max_elements or
+                                run_time_checks.DEFAULT_MAX_ELEMENTS,
+                                "checks": run_time_checks.listed(imported.mod)},
             "tuning": {"database": None},
             "plan": plan.to_json(),
         }
