@@ -321,7 +321,7 @@ class Slice:
         d = _dims_tensor(bb, x)
         t = spread(steps, _i64(np.ones(rank))) if steps is not None else _i64(np.ones(rank))
         t = bb.emit(t)
-        if steps is not None and is_run_time(steps, None):
+        if steps is not None and not isinstance(steps, tvm.ir.GenericConst):
             t = run_time_checks.checked_sizes(bb, t, run_time_checks.site(4, "steps"), "nonzero")
         s = bb.emit(spread(starts, _i64(np.zeros(rank))))
         e = bb.emit(spread(ends, d))

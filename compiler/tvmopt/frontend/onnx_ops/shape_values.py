@@ -129,8 +129,9 @@ class Range:
         symbolic = any(prim_of(x) is not None for x in inputs[:3])
         if not symbolic or any(x is None for x in (start, limit, delta)) or not step or dtype is None \
                 or "int" not in dtype:
-            return tvm_converter("Range", opset)(bb, _checked_range(bb, list(inputs[:3])), attr,
-                                                 params)
+            ranged = _run_time_range(bb, list(inputs[:3]))
+            return ranged if ranged is not None else tvm_converter("Range", opset)(
+                bb, inputs, attr, params)
         analyzer = Analyzer()
         if step > 0:
             count = tirx.floordiv(limit - start + (step - 1), step)
@@ -154,40 +155,43 @@ class Range:
         return out
 
 
-def _checked_range(bb, operands):
-    """Range's start, limit and delta, where one is a tensor fed or computed at run time, tied
-    to checks of what they ask for: delta not 0 (an integer division by it would trap), and
-    the element count ceil((limit - start) / delta) within the compile's limit. The checks'
-    results enter start and delta as a factor of 1 / a term of 0, so they run first."""
-    import numpy as np
-    from tvm import relax
+def _run_time_range(bb, operands):
+    """Range where start, limit or delta is a tensor fed or computed at run time (None where
+    none is): its length ceil((limit - start) / delta) computed in float64 (integer operands
+    far apart overflow int64 in the difference, which TVM's converter computes in their type
+    and then allocates by), checked (delta not 0, the element count within the compile's
+    limit) and bound to a symbolic dim; element i is start + i * delta in the operands' type."""
+    from tvm import relax, te, tirx
 
     from .. import run_time_checks
+    from .run_time_operands import shape_vars
 
     if not any(_is_tensor_var(v) for v in operands) or any(
-            not isinstance(getattr(v, "ty", None), relax.TensorType) for v in operands):
-        return operands
+            not isinstance(getattr(v, "ty", None), relax.TensorType) or v.ty.ndim not in (0, 1)
+            for v in operands):
+        return None
     dtype = str(operands[0].ty.dtype)
     s, lim, d = (bb.normalize(relax.op.astype(relax.op.reshape(v, [1]), "float64"))
                  for v in operands)
-    nonzero = bb.normalize(relax.op.astype(relax.op.not_equal(d, relax.const(0.0, "float64")),
-                                           "int64"))
+    zero = relax.const(0.0, "float64")
+    nonzero = bb.normalize(relax.op.astype(relax.op.not_equal(d, zero), "int64"))
     nonzero = run_time_checks.checked_sizes(bb, nonzero, run_time_checks.site(2, "delta"),
                                             "nonzero")
-    safe = relax.op.where(relax.op.equal(d, relax.const(0.0, "float64")),
-                          relax.const(1.0, "float64"), d)
+    safe = relax.op.where(relax.op.equal(d, zero), relax.const(1.0, "float64"), d)
     count = relax.op.ceil(relax.op.divide(relax.op.subtract(lim, s), safe))
     big = float(run_time_checks.max_elements() + 1)
-    count = relax.op.clip(relax.op.maximum(count, relax.const(0.0, "float64")), 0.0, big)
-    count = bb.normalize(relax.op.astype(count, "int64"))
+    count = relax.op.clip(relax.op.maximum(count, zero), 0.0, big)  # NaN and inf included
+    # times the checked flag (1): the delta check is then an input of the count, not dead code
+    count = bb.normalize(relax.op.multiply(relax.op.astype(count, "int64"), nonzero))
     count = run_time_checks.checked_sizes(
         bb, count, f"{run_time_checks.site()}: the element count ceil((limit - start) / delta)")
-    one = relax.op.astype(relax.op.reshape(nonzero, []), dtype)
-    zero = relax.op.astype(relax.op.multiply(relax.op.reshape(count, []),
-                                             relax.const(0, "int64")), dtype)
-    start = bb.normalize(relax.op.add(operands[0], zero))
-    delta = bb.normalize(relax.op.multiply(operands[2], one))
-    return [start, operands[1], delta]
+    (n,) = shape_vars(bb, count, 1, "range_n", check=None)
+    start, delta = (bb.normalize(relax.op.reshape(v, [1])) for v in (operands[0], operands[2]))
+
+    def kernel(a, step):
+        return te.compute((n,), lambda i: a[0] + tirx.Cast(dtype, i) * step[0], name="range")
+
+    return bb.emit_te(kernel, start, delta)
 
 
 def _known_scalar(value):
