@@ -58,17 +58,19 @@ def at_node(name: str, op_type: str, inputs: list[str]):
 
 def site(position: int | None = None, operand: str | None = None) -> str:
     """The node being converted (and one of its inputs), as a check's error names it."""
-    name, op_type, inputs = getattr(_state, "node", None) or ("?", "?", [])
+    name, op_type, _ = getattr(_state, "node", None) or ("?", "?", [])
     if position is None:
         return f"node '{name}' ({op_type})"
+    return f"node '{name}' ({op_type}): {operand_label(position, operand)}"
+
+
+def operand_label(position: int, operand: str | None = None) -> str:
+    """One input of the node being converted: its name in the spec and the model's tensor."""
+    _, _, inputs = getattr(_state, "node", None) or ("?", "?", [])
+    operand = operand or f"#{position}"
     tensor = inputs[position] if position < len(inputs) else None
-    return describe(name, op_type, operand or f"#{position}", tensor)
-
-
-def describe(node_name: str, op_type: str, operand: str, tensor: str | None = None) -> str:
-    """The site as the error names it: node, operator and input."""
     shown = f" ('{tensor}')" if tensor and tensor != operand else ""
-    return f"node '{node_name}' ({op_type}): input '{operand}'{shown}"
+    return f"input '{operand}'{shown}"
 
 
 def _index_kernel(dtype: str, where: str, negative: bool):

@@ -76,8 +76,10 @@ def _make(op_type: str):
                 if isinstance(const, tvm.ir.GenericConst):
                     bounds = _bounds(op_type, attr, data, const)
                     if bounds is not None and all(isinstance(b, int) for b in bounds):
+                        # refused at compile time: the importer prefixes the node
                         value = run_time_checks.check_constant_indices(
-                            const.value.numpy(), bounds, where)
+                            const.value.numpy(), bounds, run_time_checks.operand_label(
+                                1, "indices"))
                         dtype = str(const.value.numpy().dtype)
                         list.__setitem__(inputs, 1, relax.const(value.astype(dtype), dtype))
                     return base(bb, inputs, attr, params)

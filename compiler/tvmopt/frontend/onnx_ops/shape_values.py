@@ -157,9 +157,9 @@ class Range:
 
 def _run_time_range(bb, operands):
     """Range where start, limit or delta is a tensor fed or computed at run time (None where
-    none is): its length ceil((limit - start) / delta) computed in float64 (integer operands
-    far apart overflow int64 in the difference, which TVM's converter computes in their type
-    and then allocates by), checked (delta not 0, the element count within the compile's
+    none is): its length ceil((limit - start) / delta) computed in float64 (integer
+    operands far apart overflow int64 in the difference, which TVM's converter computes in their
+    type and then allocates by; float64 rounds only counts of operands beyond 2^53), checked (delta not 0, the element count within the compile's
     limit) and bound to a symbolic dim; element i is start + i * delta in the operands' type."""
     from tvm import relax, te, tirx
 
@@ -177,12 +177,13 @@ def _run_time_range(bb, operands):
     nonzero = bb.normalize(relax.op.astype(relax.op.not_equal(d, zero), "int64"))
     nonzero = run_time_checks.checked_sizes(bb, nonzero, run_time_checks.site(2, "delta"),
                                             "nonzero")
+    big = run_time_checks.max_elements() + 1
     safe = relax.op.where(relax.op.equal(d, zero), relax.const(1.0, "float64"), d)
     count = relax.op.ceil(relax.op.divide(relax.op.subtract(lim, s), safe))
-    big = float(run_time_checks.max_elements() + 1)
-    count = relax.op.clip(relax.op.maximum(count, zero), 0.0, big)  # NaN and inf included
+    count = relax.op.clip(relax.op.maximum(count, zero), 0.0, float(big))  # NaN and inf too
+    count = relax.op.astype(count, "int64")
     # times the checked flag (1): the delta check is then an input of the count, not dead code
-    count = bb.normalize(relax.op.multiply(relax.op.astype(count, "int64"), nonzero))
+    count = bb.normalize(relax.op.multiply(count, nonzero))
     count = run_time_checks.checked_sizes(
         bb, count, f"{run_time_checks.site()}: the element count ceil((limit - start) / delta)")
     (n,) = shape_vars(bb, count, 1, "range_n", check=None)
@@ -359,7 +360,6 @@ def gather(bb, inputs, attr, params, opset):
         return folded
     if prim_of(indices) is not None:
         indices = as_shape_tensor(bb, indices)
-    _check_constant_indices(data, indices, int(attr.get("axis", 0)))
     return tvm_converter("Gather", opset)(
         bb, [data, indices, *inputs[2:]], attr, params)
 
@@ -388,29 +388,6 @@ def _gather_static_dims(data, indices):
         return None
     return relax.const(np.asarray([int(d) for d in values], "int64").reshape(picked.shape),
                        "int64")
-
-
-def _check_constant_indices(data, indices, axis: int) -> None:
-    """Constant indices outside a static axis are refused: the kernel does not check them and
-    would read outside the tensor, where onnxruntime refuses the model's inputs."""
-    import numpy as np
-    from tvm import relax, tirx
-
-    ints = const_ints(indices)
-    if ints is None or not isinstance(data, relax.Expr):
-        return
-    shape = getattr(data.ty, "shape", None)
-    dims = list(shape.values) if isinstance(shape, relax.ShapeExpr) else None
-    if not dims or not -len(dims) <= axis < len(dims):
-        return
-    size = dims[axis]
-    if not isinstance(size, tirx.IntImm):
-        return
-    values = np.asarray(ints).reshape(-1)
-    bad = values[(values < -size.value) | (values >= size.value)]
-    if bad.size:
-        raise ValueError(f"indices {bad[:4].tolist()} are out of range for axis {axis} of size "
-                         f"{size.value}")
 
 
 def static_dims(value):
