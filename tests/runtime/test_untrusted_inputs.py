@@ -276,7 +276,7 @@ def test_the_manifest_lists_the_checks_that_remain(encoder):
 def test_tvmopt_run_exits_1_with_one_line(encoder, tmp_path):
     _, _, _, art = encoder
     np.savez(tmp_path / "bad.npz", input_ids=np.full((1, 4), -1_000_000, np.int64))
-    proc = subprocess.run([sys.executable, "-m", "tvmopt", "run", str(art), "--inputs",
+    proc = subprocess.run([sys.executable, "-m", "tvmopt.cli", "run", str(art), "--inputs",
                            str(tmp_path / "bad.npz")], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1, proc.stderr
