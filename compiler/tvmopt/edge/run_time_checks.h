@@ -21,9 +21,10 @@ inline std::string Message(const std::string& kind, const std::string& where, in
     return where + ": index " + v + " is out of range: valid indices are [" + std::to_string(low) + ", " +
            std::to_string(high) + "]" + at;
   }
-  if (kind == "size") {
-    return where + ": value " + v + " at position " + p + " is out of range (" +
-           std::to_string(low) + ".." + std::to_string(high) + ")";
+  if (kind == "size") {  // high < low: no upper bound but the element limit
+    std::string valid = high >= low ? std::to_string(low) + ".." + std::to_string(high)
+                                    : "at least " + std::to_string(low);
+    return where + ": value " + v + " at position " + p + " is out of range (" + valid + ")";
   }
   if (kind == "nonzero") return where + ": value " + v + " at position " + p + " must not be 0";
   if (kind == "broadcast") {

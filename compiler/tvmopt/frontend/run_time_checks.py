@@ -28,6 +28,7 @@ CHECK_ATTR = "tvmopt.run_time_check"
 DEFAULT_MAX_ELEMENTS = 1 << 31
 
 _state = threading.local()
+_registered: list = []  # non-empty once register_handler() ran in this process
 
 
 @contextlib.contextmanager
@@ -172,11 +173,15 @@ SIZE_MODES = {
 
 
 def _size_kernel(where: str, limit: int, n: int, mode: int, low: int, high: int):
-    explicit_high = high != limit
     """PrimFunc(sizes [n] int64, base [n] int64) -> out [n] int64 (a copy of sizes), checking
     them by `mode` (SIZE_MODES) and the element count of the output dims against `limit`.
     The first violation calls HANDLER."""
     from tvm.script import tirx as T
+
+    # a bound the caller gave (TopK's k <= the axis) is reported as the range; otherwise a
+    # value past the limit is an element-count failure and the range has no top (-1)
+    explicit_high = high != limit
+    shown_high = high if explicit_high else -1
 
     @T.prim_func(private=True)
     def size_check(var_sizes: T.handle, var_base: T.handle, var_out: T.handle):
@@ -200,7 +205,6 @@ def _size_kernel(where: str, limit: int, n: int, mode: int, low: int, high: int)
                         acc[2] = v
                         acc[3] = T.Cast("int64", i)
                 elif v < T.int64(low) or v > T.int64(high):
-                    # above a bound the caller gave (TopK's k) or above the element limit
                     acc[1] = T.if_then_else(v < T.int64(low) or explicit_high, T.int64(1),
                                             T.int64(3))
                     acc[2] = v
@@ -231,7 +235,7 @@ def _size_kernel(where: str, limit: int, n: int, mode: int, low: int, high: int)
             acc[4] = base[0]
         if acc[1] == T.int64(1):
             T.evaluate(T.call_packed(HANDLER, "size" if mode != 4 else "nonzero", where, acc[2],
-                                     T.int64(low), T.int64(high), acc[3], T.int64(n)))
+                                     T.int64(low), T.int64(shown_high), acc[3], T.int64(n)))
         if acc[1] == T.int64(2):
             T.evaluate(T.call_packed(HANDLER, "broadcast", where, acc[2], acc[4], acc[4],
                                      acc[3], T.int64(n)))
@@ -299,7 +303,7 @@ def message(kind: str, where: str, value: int, low: int, high: int, position: in
         return (f"{where}: index {value} is out of range: valid indices are "
                 f"[{low}, {high}]{at}")
     if kind == "size":
-        valid = f"at least {low}" if high >= max_elements() else f"{low}..{high}"
+        valid = f"{low}..{high}" if high >= low else f"at least {low}"
         return f"{where}: value {value} at position {position} is out of range ({valid})"
     if kind == "nonzero":
         return f"{where}: value {value} at position {position} must not be 0"
@@ -339,36 +343,45 @@ def register_handler() -> None:
     _registered.append(True)
 
 
-_registered: list = []
-
-
 # Relax ops that address memory with an index operand (its position), for `check_index_ops`.
 _INDEX_OPS = {"relax.take": 1, "relax.gather_elements": 1, "relax.gather_nd": 1,
               "relax.scatter_elements": 1, "relax.scatter_nd": 1}
 
 
-def _op_bounds(call, data_dims, idx):
-    """The dims each coordinate of `call`'s indices addresses, or None when unknown."""
+# Ops that keep the elements and their order: indices read through them are the same values.
+_ORDER_KEEPING = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten"}
+
+
+def addressed_dims(dims: list, axis: int | None = None, coords=None, start: int = 0):
+    """The dims an index addresses, one per coordinate: [dims[axis]] for an op indexing one
+    axis; dims[start:start + coords] for index tuples of `coords` coordinates from axis `start`
+    (GatherND's batch_dims). None where that is not known at compile time or out of rank."""
     from tvm import tirx
 
+    rank = len(dims)
+    if axis is not None:
+        axis = axis + rank if axis < 0 else axis
+        return [dims[axis]] if 0 <= axis < rank else None
+    if not isinstance(coords, (int, tirx.IntImm)):
+        return None
+    k = int(coords)
+    return list(dims[start:start + k]) if start + k <= rank else None
+
+
+def _op_bounds(call, data_dims, idx):
+    """The dims each coordinate of `call`'s indices addresses, or None when unknown."""
     name = call.op.name
-    rank = len(data_dims)
     if name in ("relax.take", "relax.gather_elements", "relax.scatter_elements"):
-        axis = call.attrs.axis
-        if axis is None:  # take over the flattened data
+        if call.attrs.axis is None:  # take over the flattened data
             size = 1
             for d in data_dims:
                 size = size * d
             return [size]
-        axis = int(axis)
-        axis = axis + rank if axis < 0 else axis
-        return [data_dims[axis]]
+        return addressed_dims(data_dims, axis=int(call.attrs.axis))
     shape = idx.ty.shape
-    if shape is None or not idx.ty.ndim or not isinstance(shape[-1], (int, tirx.IntImm)):
-        return None
-    k = int(shape[-1])
+    coords = shape[-1] if shape is not None and idx.ty.ndim else None
     start = int(call.attrs.batch_dims) if name == "relax.gather_nd" else 0
-    return data_dims[start:start + k] if start + k <= rank else None
+    return addressed_dims(data_dims, coords=coords, start=start)
 
 
 def check_index_ops(mod, origin: str):
@@ -406,10 +419,38 @@ def check_index_ops(mod, origin: str):
                                  "unknown at compile time, so they cannot be checked")
             where = (f"{origin}, {call.op.name.split('.')[-1]} from {self._describe(data)}: "
                      f"indices {self._describe(idx)}")
-            checked = checked_indices(self.builder_, idx, bounds, where, negative=False)
+            wide = self._before_narrowing(idx)
+            if wide is None:
+                checked = checked_indices(self.builder_, idx, bounds, where, negative=False)
+            else:  # the indices as given, before a cast to int32 wrapped them into range
+                checked = self.builder_.emit(relax.op.reshape(relax.op.astype(
+                    checked_indices(self.builder_, wide, bounds, where, negative=False),
+                    str(idx.ty.dtype)), idx.ty.shape))
             args = list(call.args)
             args[pos] = checked
             return relax.Call(call.op, args, call.attrs, call.ty_args, call.span)
+
+        def _before_narrowing(self, idx):
+            """The wider integer tensor `idx` was cast from (TVM's torch importer casts an
+            embedding's int64 ids to int32 first), through reshapes only; None if none."""
+            import numpy as np
+
+            seen = idx
+            for _ in range(16):
+                bound = self.lookup_binding(seen) if isinstance(seen, relax.Var) else None
+                if not isinstance(bound, relax.Call):
+                    return None
+                name = getattr(bound.op, "name", "")
+                if name == "relax.astype":
+                    src = bound.args[0]
+                    have, want = str(src.ty.dtype), str(idx.ty.dtype)
+                    wider = have.startswith(("int", "uint")) and \
+                        np.dtype(have).itemsize > np.dtype(want).itemsize
+                    return src if wider else None
+                if name not in _ORDER_KEEPING:
+                    return None
+                seen = bound.args[0]
+            return None
 
         def _describe(self, expr) -> str:
             """A model input the value comes from through casts and reshapes, by name;

@@ -24,21 +24,17 @@ def _dims(data):
 
 def _bounds(op_type: str, attr, data, indices):
     """The dims each index coordinate addresses (one per coordinate), or None when unknown."""
+    from ..run_time_checks import addressed_dims
+
     dims = _dims(data)
     if dims is None:
         return None
-    rank = len(dims)
     if op_type in ("Gather", "GatherElements", "ScatterElements", "Scatter"):
-        axis = int(attr.get("axis", 0))
-        axis = axis + rank if axis < 0 else axis
-        return [dims[axis]] if 0 <= axis < rank else None
-    k = indices.ty.shape.values[-1] if indices.ty.ndim and indices.ty.shape is not None else None
-    from tvm import tirx
-
-    if not isinstance(k, (int, tirx.IntImm)):
-        return None
+        return addressed_dims(dims, axis=int(attr.get("axis", 0)))
+    shape = indices.ty.shape
+    coords = shape.values[-1] if indices.ty.ndim and shape is not None else None
     start = int(attr.get("batch_dims", 0)) if op_type == "GatherND" else 0
-    return dims[start:start + int(k)] if start + int(k) <= rank else None
+    return addressed_dims(dims, coords=coords, start=start)
 
 
 def _make(op_type: str):
@@ -71,11 +67,11 @@ def _make(op_type: str):
                     # a shape read at run-time positions: as the int64 tensor it is
                     data = as_shape_tensor(bb, data)
                     list.__setitem__(inputs, 0, data)
-                where = run_time_checks.site(1, "indices")
                 const = get_constant(indices, params)
-                if isinstance(const, tvm.ir.GenericConst):
-                    bounds = _bounds(op_type, attr, data, const)
-                    if bounds is not None and all(isinstance(b, int) for b in bounds):
+                bounds = _bounds(op_type, attr, data, indices)
+                if isinstance(const, tvm.ir.GenericConst) and (bounds is None or all(
+                        isinstance(b, int) for b in bounds)):
+                    if bounds is not None:
                         # refused at compile time: the importer prefixes the node
                         value = run_time_checks.check_constant_indices(
                             const.value.numpy(), bounds, run_time_checks.operand_label(
@@ -83,9 +79,8 @@ def _make(op_type: str):
                         dtype = str(const.value.numpy().dtype)
                         list.__setitem__(inputs, 1, relax.const(value.astype(dtype), dtype))
                     return base(bb, inputs, attr, params)
-                if not is_run_time(indices, params):
-                    return base(bb, inputs, attr, params)
-                bounds = _bounds(op_type, attr, data, indices)
+                # fed or computed at run time, or constant into a dim known only then
+                where = run_time_checks.site(1, "indices")
                 if bounds is None:
                     raise ValueError(f"{where}: the dims it indexes are unknown at compile time, "
                                      "so its indices cannot be checked")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
+from .. import run_time_checks
 from . import register, tvm_converter
 
 
@@ -159,11 +160,11 @@ def _run_time_range(bb, operands):
     """Range where start, limit or delta is a tensor fed or computed at run time (None where
     none is): its length ceil((limit - start) / delta) computed in float64 (integer
     operands far apart overflow int64 in the difference, which TVM's converter computes in their
-    type and then allocates by; float64 rounds only counts of operands beyond 2^53), checked (delta not 0, the element count within the compile's
-    limit) and bound to a symbolic dim; element i is start + i * delta in the operands' type."""
+    type and then allocates by; float64 rounds only counts of operands beyond 2^53), checked
+    (delta not 0, the element count within the compile's limit) and bound to a symbolic dim;
+    element i is start + i * delta in the operands' type."""
     from tvm import relax, te, tirx
 
-    from .. import run_time_checks
     from .run_time_operands import shape_vars
 
     if not any(_is_tensor_var(v) for v in operands) or any(
@@ -428,8 +429,6 @@ def expand(bb, inputs, attr, params, opset):
         # TVM broadcasts to the run-time values as they are, so a 1 that should keep the
         # input's dim (shape [2, 1, 6] on a (3, 1) input) shrank it: bind the values to
         # symbolic dims and apply the broadcast rules to them.
-        from .. import run_time_checks
-
         length = _static_len(shape, "shape")
         have = list(ty.shape.values)
         aligned = [1] * (length - len(have)) + have if length >= len(have) else \
@@ -543,8 +542,6 @@ def _runtime_reshape(bb, data, shape, allowzero: int):
                                          relax.const(1, "int64"), shape), keepdims=True)
     inferred = relax.op.floor_divide(total, relax.op.maximum(known, relax.const(1, "int64")))
     shape = bb.normalize(relax.op.where(relax.op.equal(shape, minus_one), inferred, shape))
-    from .. import run_time_checks
-
     shape = run_time_checks.checked_sizes(bb, shape, run_time_checks.site(1, "shape"), "reshape",
                                           base=total)
     from tvm.relax.frontend.onnx.onnx_frontend import _tensor_to_shape_expr
@@ -755,8 +752,6 @@ def tile(bb, inputs, attr, params, opset):
         repeats = as_shape_tensor(bb, inputs[1])
         if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr) and \
                 _is_tensor_var(inputs[1]):
-            from .. import run_time_checks
-
             repeats = run_time_checks.checked_sizes(
                 bb, repeats, run_time_checks.site(1, "repeats"), "tile",
                 base=relax.op.shape_to_tensor(ty.shape))
