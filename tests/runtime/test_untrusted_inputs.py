@@ -160,6 +160,35 @@ def test_a_constant_index_into_a_dim_known_only_at_run_time(tmp_path):
         model.run({"x": x[:, :3].copy()})
 
 
+def test_a_position_table_sliced_to_the_sequence_refuses_a_longer_one(tmp_path):
+    """BERT's exports slice a buffer of position ids to the sequence length (`position_ids[:,
+    :seq]`); past the buffer that read past it. onnxruntime refuses; so must the artifact."""
+    import onnxruntime as ort
+
+    inits = [helper.make_tensor("buf", TP.INT64, [1, 32], np.arange(32)),
+             helper.make_tensor("pos", TP.FLOAT, [32, 4], np.arange(128, dtype=np.float32)),
+             helper.make_tensor("one", TP.INT64, [], [1]),
+             helper.make_tensor("zero", TP.INT64, [1], [0]),
+             helper.make_tensor("ax", TP.INT64, [1], [1])]
+    nodes = [helper.make_node("Shape", ["ids"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["seq"], axis=0),
+             helper.make_node("Unsqueeze", ["seq", "zero"], ["end"]),
+             helper.make_node("Slice", ["buf", "zero", "end", "ax"], ["positions"],
+                              name="position_ids"),
+             helper.make_node("Gather", ["pos", "positions"], ["y"], name="position_embeddings")]
+    path = _save(tmp_path / "pos.onnx", nodes, [_vi("ids", ["b", "s"])], [_out(3)], inits,
+                 opset=17)
+    res = compile_model(CompileOptions(model=path, target="host", dispatch="codegen",
+                                       output=str(tmp_path / "pos.tvmopt")), log=lambda *a: None)
+    model, sess = load(res.artifact.path), ort.InferenceSession(path)
+    for seq in (1, 32):
+        feeds = {"ids": np.zeros((1, seq), np.int64)}
+        np.testing.assert_array_equal(model.run(feeds)["y"], sess.run(None, feeds)[0])
+    with pytest.raises(InputValueError, match=r"node 'position_ids' \(Slice\): .*value 32 at "
+                                              r"position 1 must be 40"):
+        model.run({"ids": np.zeros((1, 40), np.int64)})
+
+
 def _size_models():
     x = helper.make_tensor("x", TP.FLOAT, [2, 3], np.arange(6, dtype=np.float32))
     v = helper.make_tensor("v", TP.FLOAT, [2], [0.0, 1.0])

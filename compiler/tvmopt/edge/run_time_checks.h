@@ -35,6 +35,9 @@ inline std::string Message(const std::string& kind, const std::string& where, in
     return where + ": the shape holds " + v + " elements, the input " + std::to_string(low) +
            ": they must be equal";
   }
+  if (kind == "equal") {
+    return where + ": value " + v + " at position " + p + " must be " + std::to_string(low);
+  }
   if (kind == "split") {
     return where + ": the parts add up to " + v + ", the axis is " + std::to_string(low) +
            " long: they must be equal";

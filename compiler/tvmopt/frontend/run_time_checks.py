@@ -169,6 +169,7 @@ SIZE_MODES = {
     "reshape": 3,  # v >= 0 and the product of the v equals base[0] (the input's element count)
     "nonzero": 4,  # v != 0 (a step, a delta); no output dims
     "split": 5,    # v >= 0 and the sum of the v equals base[0] (the split axis' length)
+    "equal": 6,    # v == b (a length computed at run time against the one the graph assumed)
 }
 
 
@@ -209,6 +210,11 @@ def _size_kernel(where: str, limit: int, n: int, mode: int, low: int, high: int)
                                             T.int64(3))
                     acc[2] = v
                     acc[3] = T.Cast("int64", i)
+                elif mode == 6 and v != b:
+                    acc[1] = T.int64(5)
+                    acc[2] = v
+                    acc[3] = T.Cast("int64", i)
+                    acc[4] = b
                 elif mode == 2 and v != T.int64(1) and b != T.int64(1) and v != b:
                     acc[1] = T.int64(2)
                     acc[2] = v
@@ -242,6 +248,9 @@ def _size_kernel(where: str, limit: int, n: int, mode: int, low: int, high: int)
         if acc[1] == T.int64(3):
             T.evaluate(T.call_packed(HANDLER, "elements", where, acc[2], T.int64(0),
                                      T.int64(limit), acc[3], T.int64(n)))
+        if acc[1] == T.int64(5):
+            T.evaluate(T.call_packed(HANDLER, "equal", where, acc[2], acc[4], acc[4], acc[3],
+                                     T.int64(n)))
         if acc[1] == T.int64(4):
             T.evaluate(T.call_packed(HANDLER, "reshape" if mode == 3 else "split", where,
                                      acc[2], acc[4], acc[4], T.int64(0), T.int64(n)))
@@ -313,6 +322,8 @@ def message(kind: str, where: str, value: int, low: int, high: int, position: in
     if kind == "reshape":
         return (f"{where}: the shape holds {value} elements, the input {low}: "
                 "they must be equal")
+    if kind == "equal":
+        return f"{where}: value {value} at position {position} must be {low}"
     if kind == "split":
         return f"{where}: the parts add up to {value}, the axis is {low} long: they must be equal"
     if kind == "elements":

@@ -278,14 +278,55 @@ class Slice:
         base = tvm_converter("Slice", opset)
 
         def convert(bb, inputs, attr, params):
+            import tvm
+            from tvm import relax
+
             if opset < 10 or not any(is_run_time(v, params) for v in list(inputs)[1:5]):
-                return base(bb, inputs, attr, params)
+                out = bb.normalize(base(bb, inputs, attr, params))
+                expect = cls._unclamped(out)
+                if expect is None:
+                    return out
+                # clamped as the spec says, and checked to come out as long as TVM claimed
+                # (which the rest of the graph was built on)
+                # shape values (a ShapeExpr, a dim as a TIR expression) as the int64 tensors
+                # they stand for
+                operands = [bb.normalize(relax.op.shape_to_tensor(
+                    relax.ShapeExpr([v]) if tvm.ir.is_prim_expr(v) else v))
+                    if v is not None and (tvm.ir.is_prim_expr(v) or isinstance(
+                        getattr(v, "ty", None), relax.ShapeType)) else v
+                    for v in list(inputs)[1:5]]
+                return cls._run_time(bb, [inputs[0], *operands] + [None] * (4 - len(operands)),
+                                     params, expect=expect)
             return cls._run_time(bb, list(inputs) + [None] * (5 - len(inputs)), params)
 
         return convert
 
     @staticmethod
-    def _run_time(bb, inputs, params):
+    def _unclamped(out):
+        """The output dims TVM's converter claims for a slice whose bounds it computed from
+        shapes without clamping them (assume_inbound: `position_ids[:, :seq]` reads past a
+        table of 512 when seq is 517), where a bound is symbolic on an axis of static length;
+        else None."""
+        from tvm import relax, tirx
+
+        if not (isinstance(out, relax.Call) and getattr(out.op, "name", "") ==
+                "relax.strided_slice" and out.attrs.assume_inbound):
+            return None
+        ty = out.args[0].ty
+        if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+            return None
+        dims = ty.shape.values
+        axes, begins, ends = (t.fields for t in out.args[1:4])  # TIR expressions
+        if not any(isinstance(dims[int(a)], tirx.IntImm) and not isinstance(b, tirx.IntImm)
+                   for a, *pair in zip(axes, begins, ends) for b in pair):
+            return None
+        claimed = getattr(getattr(out, "ty", None), "shape", None)
+        return list(claimed.values) if isinstance(claimed, relax.ShapeExpr) else None
+
+    @staticmethod
+    def _run_time(bb, inputs, params, expect=None):
+        """`expect`: the output dims the graph was built on, each checked at run time to equal
+        the clamped length (else an error naming the node); None: fresh dims."""
         import numpy as np
         from tvm import relax, te
 
@@ -338,14 +379,24 @@ class Slice:
         at = relax.op.abs(t)
         length = relax.op.maximum(
             relax.op.floor_divide(relax.op.subtract(relax.op.add(span, at), _i64(1)), at), zero)
-        fresh = shape_vars(bb, bb.emit(length), rank, "slice_", check=None)
+        length = bb.emit(length)
+        if expect is not None:
+            length = run_time_checks.checked_sizes(
+                bb, length, f"{run_time_checks.site()}: the slice's length on each axis, clamped to "
+                "its input, against the length the rest of the graph assumes from the input "
+                "shapes", "equal",
+                base=relax.op.shape_to_tensor(relax.ShapeExpr(expect)))
+        fresh = shape_vars(bb, length, rank, "slice_", check=None)
         out_shape = [fresh[k] if k in touched else x.ty.shape.values[k] for k in range(rank)]
 
         def gather(data, begin, step):  # begin/step are read from tensors: only shapes bind vars
             return te.compute(out_shape, lambda *i: data[tuple(
                 begin[k] + i[k] * step[k] for k in range(rank))], name="slice")
 
-        return bb.emit_te(gather, x, s, t)
+        out = bb.emit_te(gather, x, s, t)
+        if expect is not None:
+            out = bb.match_cast(out, relax.TensorType(expect, str(x.ty.dtype)))
+        return out
 
 
 @register("Unsqueeze")
