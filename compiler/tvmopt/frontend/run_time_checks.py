@@ -74,41 +74,53 @@ def operand_label(position: int, operand: str | None = None) -> str:
     return f"input '{operand}'{shown}"
 
 
-def _index_kernel(dtype: str, where: str, negative: bool):
-    """PrimFunc(idx [m, k], bounds [k] int64) -> out [m, k]: out = idx with negative values
-    counted from the end (where `negative`), every value checked against [-bound, bound)
-    ([0, bound) without `negative`); the first one outside calls HANDLER."""
-    from tvm.script import tirx as T
+def _index_kernel(dtype: str, where: str, negative: bool, rank: int, coords: int):
+    """PrimFunc(idx, bounds [coords] int64) -> out, idx and out of the indices' own `rank`
+    (no reshape around the check: a copy, and another task for tuning): out = idx with
+    negative values counted from the end (where `negative`), every value checked against
+    [-bound, bound) ([0, bound) without `negative`); the first one outside calls HANDLER.
+    With coords > 1 the last axis holds each index tuple's coordinates (bounds[j] for the
+    j-th); else every value is checked against bounds[0]."""
+    import tvm
+    from tvm.script import tirx
 
-    low_factor = -1 if negative else 0
-
-    @T.prim_func(private=True)
-    def index_check(var_idx: T.handle, var_bounds: T.handle, var_out: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8,
-                     CHECK_ATTR: where})
-        m = T.int64()
-        k = T.int64()
-        idx = T.match_buffer(var_idx, (m, k), dtype)
-        bounds = T.match_buffer(var_bounds, (k,), "int64")
-        out = T.match_buffer(var_out, (m, k), dtype)
-        bad = T.alloc_buffer((3,), "int64")
-        bad[0] = T.int64(0)
-        for i, j in T.grid(m, k):
-            v = T.Cast("int64", idx[i, j])
-            n = bounds[j]
-            if v < n * T.int64(low_factor) or v >= n:
-                if bad[0] == T.int64(0):
-                    bad[0] = T.int64(1)
-                    bad[1] = v
-                    bad[2] = i * k + j
-            out[i, j] = T.Cast(dtype, T.if_then_else(v < T.int64(0), v + n, v))
-        if bad[0] != T.int64(0):
-            col = T.int64(T.floormod(bad[2], k))
-            T.evaluate(T.call_packed(HANDLER, "index", where, bad[1],
-                                     bounds[col] * T.int64(low_factor), bounds[col] - T.int64(1),
-                                     bad[2], k))
-
-    return index_check
+    low = "-n" if negative else "T.int64(0)"
+    dims = [f"d{a}" for a in range(rank)]
+    loops = [f"i{a}" for a in range(rank)]
+    at = ", ".join(loops) if rank else "()"
+    col = loops[-1] if coords > 1 else "T.int64(0)"
+    flat = "T.int64(0)"
+    for d, i in zip(dims, loops):
+        flat = f"({flat}) * {d} + {i}"
+    shape = "(" + "".join(f"{d}, " for d in dims) + ")"
+    lines = ["@T.prim_func(private=True)",
+             "def index_check(var_idx: T.handle, var_bounds: T.handle, var_out: T.handle):",
+             f'    T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True, '
+             f'"op_pattern": 8, {CHECK_ATTR!r}: {where!r}}})',
+             *[f"    {d} = T.int64()" for d in dims],
+             f'    idx = T.match_buffer(var_idx, {shape}, "{dtype}")',
+             f'    bounds = T.match_buffer(var_bounds, ({coords},), "int64")',
+             f'    out = T.match_buffer(var_out, {shape}, "{dtype}")',
+             '    bad = T.alloc_buffer((3,), "int64")',
+             "    bad[0] = T.int64(0)"]
+    pad = "    "
+    if rank:
+        lines.append(f"    for {', '.join(loops)} in T.grid({', '.join(dims)}):")
+        pad = "        "
+    lines += [f'{pad}v = T.Cast("int64", idx[{at}])',
+              f"{pad}n = bounds[{col}]",
+              f"{pad}if v < {low} or v >= n:",
+              f"{pad}    if bad[0] == T.int64(0):",
+              f"{pad}        bad[0] = T.int64(1)",
+              f"{pad}        bad[1] = v",
+              f'{pad}        bad[2] = T.Cast("int64", {flat})',
+              f'{pad}out[{at}] = T.Cast("{dtype}", T.if_then_else(v < T.int64(0), v + n, v))',
+              "    if bad[0] != T.int64(0):",
+              f"        c = T.floormod(bad[2], T.int64({coords}))",
+              f"        T.evaluate(T.call_packed({HANDLER!r}, \"index\", {where!r}, bad[1], "
+              f"{'-bounds[c]' if negative else 'T.int64(0)'}, bounds[c] - T.int64(1), bad[2], "
+              f"T.int64({coords})))"]
+    return tvm.script.from_source("\n".join(lines), extra_vars={"T": tirx})
 
 
 def checked_indices(bb, indices, bounds: list, where: str, negative: bool = True):
@@ -120,20 +132,21 @@ def checked_indices(bb, indices, bounds: list, where: str, negative: bool = True
     import numpy as np
     from tvm import relax, tirx
 
-    k = len(bounds)
     dtype = str(indices.ty.dtype)
-    shape = indices.ty.shape
-    flat = bb.emit(relax.op.reshape(indices, (-1, k)))
+    if indices.ty.ndim < 0:
+        raise ValueError(f"{where}: indices of a rank unknown at compile time cannot be checked")
+    if not isinstance(indices.ty.shape, relax.ShapeExpr):  # rank known, dims not: bind them
+        dims = [tirx.Var(f"index_d{k}", "int64") for k in range(indices.ty.ndim)]
+        indices = bb.match_cast(indices, relax.TensorType(dims, dtype))
     if all(isinstance(b, (int, tirx.IntImm)) for b in bounds):
         bnd = relax.const(np.array([int(b) for b in bounds], "int64"), "int64")
     else:
-        bnd = relax.op.shape_to_tensor(relax.ShapeExpr([tirx.Cast("int64", b) if not
-                                                        isinstance(b, int) else b
-                                                        for b in bounds]))
-    bnd = bb.emit(bnd)
-    gv = bb.add_func(_index_kernel(dtype, where, negative), "index_check")
-    out = bb.emit(relax.call_tir(gv, [flat, bnd], out_ty=relax.TensorType(flat.ty.shape, dtype)))
-    return bb.emit(relax.op.reshape(out, shape))
+        bnd = bb.emit(relax.op.shape_to_tensor(relax.ShapeExpr(
+            [b if not isinstance(b, int) else tirx.IntImm("int64", b) for b in bounds])))
+    kernel = _index_kernel(dtype, where, negative, indices.ty.ndim, len(bounds))
+    gv = bb.add_func(kernel, "index_check")
+    return bb.emit(relax.call_tir(gv, [indices, bnd],
+                                  out_ty=relax.TensorType(indices.ty.shape, dtype)))
 
 
 def check_constant_indices(values, bounds: list[int], where: str, negative: bool = True):

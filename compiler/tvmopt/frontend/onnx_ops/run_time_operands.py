@@ -328,7 +328,7 @@ class Slice:
         """`expect`: the output dims the graph was built on, each checked at run time to equal
         the clamped length (else an error naming the node); None: fresh dims."""
         import numpy as np
-        from tvm import relax, te
+        from tvm import relax, te, tirx
 
         import tvm
 
@@ -381,11 +381,22 @@ class Slice:
             relax.op.floor_divide(relax.op.subtract(relax.op.add(span, at), _i64(1)), at), zero)
         length = bb.emit(length)
         if expect is not None:
+            # the dims the graph was built on, not fresh ones: a match_cast equating the two
+            # would let later passes rename the input's dims after vars bound only here
+            where = (f"{run_time_checks.site()}: the slice's length on each axis, clamped to "
+                     "its input, against the length the rest of the graph assumes from the "
+                     "input shapes")
             length = run_time_checks.checked_sizes(
-                bb, length, f"{run_time_checks.site()}: the slice's length on each axis, clamped to "
-                "its input, against the length the rest of the graph assumes from the input "
-                "shapes", "equal",
-                base=relax.op.shape_to_tensor(relax.ShapeExpr(expect)))
+                bb, length, where, "equal", base=relax.op.shape_to_tensor(relax.ShapeExpr(expect)))
+
+            def gather_as_assumed(data, begin, step, n):
+                # i < n[k] holds once the check passed; the min also makes the kernel read
+                # the checked lengths, so the check runs first and stays in the graph
+                return te.compute(expect, lambda *i: data[tuple(
+                    begin[k] + tirx.Min(tirx.Cast("int64", i[k]), n[k] - 1) * step[k]
+                    for k in range(rank))], name="slice")
+
+            return bb.emit_te(gather_as_assumed, x, s, t, length)
         fresh = shape_vars(bb, length, rank, "slice_", check=None)
         out_shape = [fresh[k] if k in touched else x.ty.shape.values[k] for k in range(rank)]
 
@@ -393,10 +404,7 @@ class Slice:
             return te.compute(out_shape, lambda *i: data[tuple(
                 begin[k] + i[k] * step[k] for k in range(rank))], name="slice")
 
-        out = bb.emit_te(gather, x, s, t)
-        if expect is not None:
-            out = bb.match_cast(out, relax.TensorType(expect, str(x.ty.dtype)))
-        return out
+        return bb.emit_te(gather, x, s, t)
 
 
 @register("Unsqueeze")
