@@ -384,3 +384,13 @@ def test_a_load_test_counts_refused_requests_and_goes_on():
     summary = res.summary()
     assert summary["failed"] == 10 and summary["completed"] == 20
     assert list(summary["errors"].values()) == [10]
+
+
+def test_a_cuda_build_says_its_values_are_not_checked(tmp_path):
+    """The check kernels run on the host; a CUDA build's tensors are on the device."""
+    nodes, ins, outs, inits, _ = _index_models()["gather"]
+    path = _save(tmp_path / "g.onnx", nodes, ins, outs, inits)
+    res = compile_model(CompileOptions(model=path, target="a100", output=str(tmp_path / "g")),
+                        log=lambda *a: None)
+    checks = res.artifact.manifest["run_time_checks"]
+    assert checks["checks"] == [] and checks["not_checked"].startswith("cuda: ")

@@ -32,18 +32,33 @@ _registered: list = []  # non-empty once register_handler() ran in this process
 
 
 @contextlib.contextmanager
-def limits(max_elements: int | None):
-    """The element limit that size checks emitted inside this block compile in."""
-    old = getattr(_state, "max_elements", None)
+def limits(max_elements: int | None, enabled: bool = True):
+    """The element limit that size checks emitted inside this block compile in; with
+    `enabled` False none are emitted (a CUDA build: the check kernels run on the host and
+    cannot read the device's tensors)."""
+    old = getattr(_state, "max_elements", None), getattr(_state, "disabled", False)
     _state.max_elements = max_elements or DEFAULT_MAX_ELEMENTS
+    _state.disabled = not enabled
     try:
         yield
     finally:
-        _state.max_elements = old
+        _state.max_elements, _state.disabled = old
+
+
+def for_device(device: str, max_elements: int | None = None):
+    """`limits` for an import that builds for `device`: checks on a CPU only (the check kernels
+    run on the host: a CUDA build's tensors are on the device). Compile and tune import alike,
+    so that tune's tasks are compile's."""
+    return limits(max_elements, enabled=device == "cpu")
 
 
 def max_elements() -> int:
     return getattr(_state, "max_elements", None) or DEFAULT_MAX_ELEMENTS
+
+
+def enabled() -> bool:
+    """Whether checks are emitted (see `limits`)."""
+    return not getattr(_state, "disabled", False)
 
 
 @contextlib.contextmanager
@@ -133,6 +148,8 @@ def checked_indices(bb, indices, bounds: list, where: str, negative: bool = True
     from tvm import relax, tirx
 
     dtype = str(indices.ty.dtype)
+    if not enabled():
+        return indices
     if indices.ty.ndim < 0:
         raise ValueError(f"{where}: indices of a rank unknown at compile time cannot be checked")
     if not isinstance(indices.ty.shape, relax.ShapeExpr):  # rank known, dims not: bind them
@@ -285,6 +302,8 @@ def checked_sizes(bb, sizes, where: str | None = None, mode: str = "dims", base=
     from tvm import relax, tirx
 
     sizes = bb.normalize(relax.op.astype(sizes, "int64"))
+    if not enabled():
+        return sizes
     shape = sizes.ty.shape
     if sizes.ty.ndim == 0:
         sizes = bb.normalize(relax.op.reshape(sizes, [1]))
@@ -501,4 +520,4 @@ def check_index_ops(mod, origin: str):
                     self.builder_.update_func(gv, self.visit_expr(func))
             return self.builder_.get()
 
-    return _Checker(mod).transform()
+    return _Checker(mod).transform() if enabled() else mod

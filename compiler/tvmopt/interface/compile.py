@@ -168,7 +168,7 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
     model = model_file.load(opts.model)
     from ..frontend import run_time_checks
 
-    with run_time_checks.limits(opts.max_elements):
+    with run_time_checks.for_device(hw.device, opts.max_elements):
         imported = model_file.import_loaded(model, opts.shapes, opts.allow_newer_opset)
     timings["import_s"] = time.perf_counter() - t0
     _check_dim_names(opts.dim_bounds, imported.inputs)
@@ -284,7 +284,11 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
             # import could not settle at compile time), and the size limit compiled in
             "run_time_checks": {"max_elements": opts.max_elements or
                                 run_time_checks.DEFAULT_MAX_ELEMENTS,
-                                "checks": run_time_checks.listed(imported.mod)},
+                                "checks": run_time_checks.listed(imported.mod),
+                                **({} if hw.device == "cpu" else {"not_checked": (
+                                    f"{hw.device}: indices and sizes from the inputs are not "
+                                    "checked (the check kernels run on the host, the tensors "
+                                    "on the device)")})},
             "tuning": {"database": None},
             "plan": plan.to_json(),
         }

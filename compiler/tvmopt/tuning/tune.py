@@ -113,10 +113,12 @@ def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False
     """
     from .. import pipeline
     from ..front import fuse_and_plan, pipeline_options
+    from ..frontend import run_time_checks
     from ..frontend.model_file import import_model
     from ..precision.schemes import library_compute
 
-    imported = import_model(model_path, shapes)
+    with run_time_checks.for_device(hw.device):  # as compile imports
+        imported = import_model(model_path, shapes)
     _require_static(imported.inputs)  # before the front half's kernel timing, which takes a while
     target = hw.to_tvm()
     compute = library_compute(hw, precision) if dispatch != "codegen" else ("fp32",)
