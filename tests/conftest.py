@@ -7,6 +7,8 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+from tests.onednn_required import require_onednn
+
 
 @pytest.fixture
 def save(tmp_path):
@@ -35,11 +37,6 @@ def cli():
 
 @pytest.fixture(scope="module")
 def onednn_extension():
-    """The oneDNN extension, built and loaded; the module's tests skip, naming why, where it
-    cannot be."""
-    od = pytest.importorskip("tvmopt.kernels.onednn")
-    try:
-        od.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
-    return od
+    """tvmopt.library.onednn with its extension built and loaded: the module's tests fail on
+    an x86 host where it cannot be, and skip on another arch (tests/onednn_required.py)."""
+    return require_onednn()

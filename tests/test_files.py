@@ -20,7 +20,7 @@ def test_an_unset_or_empty_variable_means_the_default(monkeypatch):
 
 
 def test_every_cache_uses_the_root(monkeypatch, tmp_path):
-    from tvmopt.kernels.dispatch import TimingCache
+    from tvmopt.precision.choice import TimingCache
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path))
     assert TimingCache().path.parent == tmp_path

@@ -61,7 +61,7 @@ def build_modes(name: str, model: Path, db: Path, out: Path, modes) -> dict[str,
     target = hw.to_tvm()
     imported = import_onnx(load_onnx(str(model)), SHAPES[name])
     cfg = pipeline.PipelineConfig(dispatch="codegen", weight_prepack=db_weight_prepack(db))
-    fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF)
+    fused = pipeline.optimize(imported.mod, target, cfg, until=pipeline.FRONT_HALF).mod
     cfg.database = replay_database(str(db), hw, fused, True).db
     libs = {}
     for mode in modes:

@@ -2,14 +2,14 @@
 
 A fallback is a failed attempt that the pipeline survives by doing something plainer: a
 schedule rule that raised on a kernel (the next rule, or LLVM's default loop nest, gets it),
-a precision rewrite that TVM refused, a post-schedule pass that refused the module, a kernel
-library that could not be loaded. Each is correct but slower than what was planned, so the
-user must be able to see which ones happened: `record()` is called at the point of failure,
+a precision or layout rewrite that TVM refused, a post-schedule pass that refused the module, a
+kernel library that could not be loaded. Each is correct but slower than what was planned, so
+the user must be able to see which ones happened: `record()` is called at the point of failure,
 and `collect()` gathers them for one compile (the manifest's `fallbacks`).
 
 A rule that declines a kernel because it is not its kind is not a fallback: only exceptions and
 refusals are recorded. Recording is thread-local and costs nothing when nobody collects. This
-module imports nothing from tvmopt or TVM, so kernels/, precision/ and passes/ can all use it.
+module imports nothing from tvmopt or TVM, so every package (codegen/, library/, precision/, passes/) can use it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 # kind -> what runs instead (the summary's and the log's wording), in pipeline order.
 KINDS = {
     "precision_rewrite": "a narrower rewrite is applied",
+    "layout_rewrite": "the module keeps its imported layout (NCHW convolutions)",
     "library_unavailable": "default schedules are used for every kernel",
     "schedule_rule": "the next schedule rule takes the kernel (last: LLVM's default loop nest)",
     "post_schedule_pass": "the module continues without the pass",

@@ -9,43 +9,52 @@ functions; `compile --db` compares them with its own (`options_differ`).
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import pipeline
 
 # The sources that decide what the fused functions (tuning workloads) and their default
 # schedules are: a change there may change a task, so its records may no longer match.
-_FINGERPRINTED = ("pipeline.py", "front.py", "frontend", "passes", "precision", "kernels")
-# Under those folders but shaping neither: how a kernel is timed. A change there would tell
-# every database's user that its records may no longer match when they all do.
-_NOT_FINGERPRINTED = ("kernels/timing.py",)
+_FINGERPRINTED = ("pipeline.py", "front.py", "frontend", "passes", "precision", "codegen",
+                  "library")
 # What `options_differ` says when only the fingerprint differs. Most code changes leave every
 # task as it was, and compile knows which tasks still find their records, so that is what it
 # reports to the user rather than this line alone.
 CODE_CHANGED = "pipeline code changed since"
 
 
-def fuse_and_plan(mod, target, hw, cfg: pipeline.PipelineConfig, precision: str,
-                  dims: dict | None = None, dump=None, log=None):
-    """Run the front half on `mod` under `cfg`, plan its precision, and rerun it when the plan
-    rewrites precision (those Relax rewrites come before legalization).
+@dataclass
+class FrontHalf:
+    """The front half's result: the fused module, its precision plan, what the dispatch decided
+    (`pipeline.Records`), and the config the rest of the build runs under (the one given, with
+    the plan's precision passes)."""
 
-    Sets `cfg.precision_passes`. Returns (fused IRModule, plan).
+    fused: object
+    plan: object
+    records: pipeline.Records
+    cfg: pipeline.PipelineConfig
+
+
+def fuse_and_plan(mod, target, hw, cfg: pipeline.PipelineConfig, precision: str,
+                  dims: dict | None = None, dump=None, log=None) -> FrontHalf:
+    """Run the front half on `mod` under `cfg`, plan its precision, and rerun it when the plan
+    rewrites precision (those Relax rewrites come before legalization). `cfg` is not changed.
     """
     from .precision.kernel_plan import compiled_kernels, make_plan
     from .precision.schemes import passes_for
 
-    fused = pipeline.optimize(mod, target, cfg, until=pipeline.FRONT_HALF, dump=dump)
-    plan = make_plan(fused, hw, precision, dims=dims or {}, library=cfg.dispatch_choices)
+    front = pipeline.optimize(mod, target, cfg, until=pipeline.FRONT_HALF, dump=dump)
+    plan = make_plan(front.mod, hw, precision, dims=dims or {}, library=front.records.choices)
     if log is not None:
         for d in plan.decisions:
             log(f"precision {d.precision}: {d.action}: {d.reason}")
-    cfg.precision_passes = passes_for(plan, hw)
+    cfg = replace(cfg, precision_passes=passes_for(plan, hw))
     if cfg.precision_passes:
-        fused = pipeline.optimize(mod, target, cfg, until=pipeline.FRONT_HALF, dump=dump)
+        front = pipeline.optimize(mod, target, cfg, until=pipeline.FRONT_HALF, dump=dump)
         # the kernels as built after the rewrites (compare matches profiles against them)
-        plan.compiled = compiled_kernels(fused, plan.dims)
-    return fused, plan
+        plan.compiled = compiled_kernels(front.mod, plan.dims)
+    return FrontHalf(front.mod, plan, front.records, cfg)
 
 
 def pipeline_fingerprint() -> str:
@@ -56,8 +65,6 @@ def pipeline_fingerprint() -> str:
         p = root / name
         files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
         for f in files:
-            if f.relative_to(root).as_posix() in _NOT_FINGERPRINTED:
-                continue
             h.update(str(f.relative_to(root)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()

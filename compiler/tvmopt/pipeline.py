@@ -34,7 +34,8 @@ DEFAULT_DISPATCH = "auto"
 
 @dataclass
 class PipelineConfig:
-    """What the phases need to know beyond the target.
+    """What the phases need to know beyond the target: what was asked, never what a phase
+    decided (that comes back in `Records`).
 
     Attributes:
         database: a MetaSchedule database to apply after fusion (None: no tuning records).
@@ -61,10 +62,6 @@ class PipelineConfig:
     # NHWC convolutions (the default schedules' layout). A tuning database does not change it:
     # `tune` extracts its tasks from the module built with the same options (tvmopt.front).
     channels_last: bool = True
-    # What the phases decided that the user should hear (e.g. the library fell back), and
-    # the per-kernel library/codegen decisions with their timings.
-    notes: list = field(default_factory=list)
-    dispatch_choices: list = field(default_factory=list)
     # Compute precisions a library kernel may run in, each timed ("bf16" where the precision
     # scheme allows it on the target); workloads the accuracy gate keeps in fp32; and whether
     # cached kernel timings are ignored and measured again (`compile --retime`).
@@ -91,6 +88,34 @@ class PipelineConfig:
         return self.channels_last
 
 
+@dataclass
+class Records:
+    """What the phases decided, returned by `optimize` beside the module.
+
+    Attributes:
+        choices: per kernel, library or codegen and in which precision, with the timings
+            (precision.choice.Choice), in the order the dispatch made them.
+        notes: what the user should hear (e.g. the library could not be loaded).
+    """
+
+    choices: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, other: "Records") -> None:
+        self.choices.extend(other.choices)
+        self.notes.extend(n for n in other.notes if n not in self.notes)
+
+
+@dataclass
+class Step:
+    """A phase that decides as well as rewrites: `run(mod) -> (mod, Records)`. The pipeline
+    calls it between its pass lists (it is not a TVM pass), and its records come back from
+    `optimize`."""
+
+    name: str
+    run: Callable
+
+
 def _simplify(target, cfg):
     from tvm import relax
 
@@ -102,10 +127,10 @@ def _simplify(target, cfg):
     # dispatch phase gives them to oneDNN's int8 kernels.
     record = []
     if cfg.dispatch != "codegen":
-        from .kernels.dispatch import is_x86
+        from .precision.choice import is_x86
 
         if is_x86(target):
-            from .kernels.onednn import RecordQDQWeights
+            from .library.onednn import RecordQDQWeights
 
             record = [RecordQDQWeights]
     # PowerToMultiply before FoldConstant: FoldConstant legalizes each power it meets and TVM
@@ -134,7 +159,7 @@ def _fast_math(target, cfg):
 
 
 def _layout(target, cfg):
-    from .kernels import layout
+    from .codegen import layout
 
     if not cfg.use_channels_last:
         return []
@@ -144,17 +169,25 @@ def _layout(target, cfg):
 
 
 def _dispatch_library(target, cfg):
-    from .kernels import dispatch
     from .passes.dynamic_quant import DropNonNegativeMin
+    from .precision import choice
 
-    def build_with(mod, **overrides):
-        # The two sides of each kernel timing, built the way the final module may be.
-        return build(mod, target, PipelineConfig(dispatch="codegen", channels_last=False,
-                                                 **overrides))
+    if not choice.dispatches(target, cfg.dispatch):
+        return []
 
-    # DropNonNegativeMin before the dispatch, which takes activations into library calls.
-    return [DropNonNegativeMin, *dispatch.library_passes(target, cfg, build_with,
-                                                         quiet=unrecorded)]
+    def trial_build(mod, **overrides):
+        # One side of a kernel timing, built on the default schedules the way the final
+        # module may be; its phases and fallbacks are not this compile's (unrecorded).
+        with unrecorded():
+            return build(mod, target, PipelineConfig(dispatch="codegen", channels_last=False,
+                                                     **overrides))
+
+    def run(mod):
+        # DropNonNegativeMin before the choice, which takes activations into library calls.
+        mod, choices, notes = choice.dispatch(DropNonNegativeMin(mod), target, cfg, trial_build)
+        return mod, Records(choices, notes)
+
+    return Step("tvmopt.DispatchLibrary", run)
 
 
 def _fuse_legalize(target, cfg):
@@ -194,7 +227,7 @@ def _apply_database(target, cfg):
 def _schedule_cpu(target, cfg):
     from tvm.s_tir import dlight as dl
 
-    from .kernels import cpu
+    from .codegen import cpu
     from .passes.schedule_guard import guarded  # a rule that raises passes the kernel on (recorded)
 
     # Contractions, pooling and elementwise kernels get register-tiled, parallel, vectorized
@@ -281,6 +314,9 @@ def pass_names(device: str, target, cfg: PipelineConfig) -> dict[str, list[str]]
     for name, make in phases(device):
         with target:  # MetaScheduleApplyDatabase reads the current target when constructed
             passes = make(target, cfg)
+        if isinstance(passes, Step):
+            out[name] = [passes.name]
+            continue
         out[name] = [getattr(p, "info", None).name if getattr(p, "info", None) else type(p).__name__
                      for p in passes]
     return out
@@ -325,9 +361,19 @@ def _ran(name: str) -> None:
 
 
 # ------------------------------------------------------------------------ drivers
+@dataclass
+class Optimized:
+    """`optimize`'s result: the module and what its phases decided."""
+
+    mod: object
+    records: Records
+
+
 def optimize(mod, target, cfg: PipelineConfig | None = None, until: str | None = None,
-             dump: Callable[[str, object], None] | None = None, start_after: str | None = None):
-    """Run the phases before `lower` on `mod`; return the optimized IRModule.
+             dump: Callable[[str, object], None] | None = None,
+             start_after: str | None = None) -> Optimized:
+    """Run the phases before `lower` on `mod`; return the optimized IRModule and the records
+    of the phases that decide (the library dispatch).
 
     Args:
         until: stop after this phase (e.g. "fuse": the front half, whose fused functions tuning
@@ -347,30 +393,35 @@ def optimize(mod, target, cfg: PipelineConfig | None = None, until: str | None =
                              f"({', '.join(todo)})")
         todo = todo[todo.index(start_after) + 1:]
     ctx_db = cfg.database if cfg.database is not None else None
+    records = Records()
     with target:
         for name, make in phases(device):
             if name == "lower":
                 break
             if name not in todo:
                 continue
-            seq = tvm.transform.Sequential(make(target, cfg), name=f"tvmopt.{name}")
+            made = make(target, cfg)
             _ran(name)
             stage.enter(f"the {name} phase")
-            if ctx_db is not None and name == "database":
+            if isinstance(made, Step):
+                mod, decided = made.run(mod)
+                records.add(decided)
+            elif ctx_db is not None and name == "database":
                 with ctx_db:
-                    mod = seq(mod)
+                    mod = tvm.transform.Sequential(made, name=f"tvmopt.{name}")(mod)
             else:
-                mod = seq(mod)
+                mod = tvm.transform.Sequential(made, name=f"tvmopt.{name}")(mod)
             if dump:
                 dump(name, mod)
             if name == until:
                 break
-    return mod
+    return Optimized(mod, records)
 
 
 def build(mod, target, cfg: PipelineConfig | None = None,
           dump: Callable[[str, object], None] | None = None, start_after: str | None = None):
-    """Optimize and compile `mod` to a Relax VM executable.
+    """Optimize and compile `mod` to a Relax VM executable. A build that runs the dispatch
+    (not one continuing from the front half) drops its records: call `optimize` for them.
 
     Args:
         start_after: as in `optimize`: "fuse" continues from the front half's output.
@@ -383,7 +434,7 @@ def build(mod, target, cfg: PipelineConfig | None = None,
     cfg = cfg or PipelineConfig(dispatch="codegen")
     device = device_of(target)
     try:
-        mod = optimize(mod, target, cfg, dump=dump, start_after=start_after)
+        mod = optimize(mod, target, cfg, dump=dump, start_after=start_after).mod
     except BuildError:
         raise
     except Exception as err:

@@ -107,7 +107,7 @@ def test_empty_and_malformed_npz(sqrt_artifact, tmp_path):
 def test_hashes_are_checked_before_any_library_is_loaded(artifact, monkeypatch):
     import tvm
 
-    from tvmopt.kernels import onednn
+    from tvmopt.library import onednn
     from tvmopt.runtime import loader
 
     loaded = []

@@ -1,7 +1,7 @@
 """Every kind of kernel a tvmopt build can run has a cause in `compare.causes`.
 
 The kinds are enumerated from their sources, not listed here again: the library functions
-`kernels/onednn_ext.cc` registers and `kernels/onednn.py` emits, each primitive in each
+`library/onednn/onednn_ext.cc` registers and `library/onednn/` emits, each primitive in each
 precision the extension computes, and the Relax VM builtins TVM registers. A new one without
 a cause fails here, before a comparison files its time as unexplained.
 """
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.onednn_required import require_onednn
 from tvmopt.compare.causes import (CAUSE_IDS, LIBRARY_CONTROL, LIBRARY_FUNCS, LIBRARY_KINDS,
                                    ONEDNN_ATTRS, ONEDNN_COMPUTE, OTHER, VM_NOT_EMITTED,
                                    VM_NOT_EMITTED_PREFIXES, VM_OPAQUE, builtin_cause,
@@ -72,7 +73,8 @@ def test_attr_positions_match_the_extension():
 
 
 def test_compute_precisions_match_the_lowering():
-    od = pytest.importorskip("tvmopt.kernels.onednn")
+    from tvmopt.library import onednn as od
+
     assert ONEDNN_COMPUTE == {v: k for k, v in od.COMPUTE.items()}
     src = (KERNELS / "onednn_ext.cc").read_text()
     compute = re.search(r"enum Compute[^{]*\{(.*?)\};", src, re.S).group(1)
@@ -219,11 +221,10 @@ def test_profile_rows_of_library_calls_are_split_by_workload():
 def test_every_callee_of_real_builds_has_a_named_cause(tmp_path):
     """fp32 conv/matmul, QDQ int8 and dynamic int8 builds: no callee the VM runs is
     unexplained."""
-    od = pytest.importorskip("tvmopt.kernels.onednn")
     import onnx
     import onnxruntime as ort
 
-    from tests.kernels.test_onednn_int8 import qdq_cnn
+    from tests.library.test_onednn_int8 import qdq_cnn
     from tests.models import cnn, encoder_block, qdq_mlp, quantized_mlp
     from tvmopt.bench.runner import InputFactory
     from tvmopt.compare.profiles import profile_tvm
@@ -231,10 +232,7 @@ def test_every_callee_of_real_builds_has_a_named_cause(tmp_path):
     from tvmopt.runtime.loader import load
     from tvmopt.targets.registry import host_cpu_features
 
-    try:
-        od.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    od = require_onednn()
     models = {}
     for name, model in (("cnn", cnn()), ("encoder", encoder_block())):
         models[name] = str(tmp_path / f"{name}.onnx")

@@ -47,11 +47,13 @@ def test_every_kind_of_fallback_is_in_the_manifest_and_the_summary(save, tmp_pat
     import tvm
     from tvm.s_tir.dlight import cpu as dl_cpu
 
-    from tvmopt.kernels import cpu, onednn
+    from tvmopt.codegen import cpu
+
+    from tvmopt.library import onednn
     from tvmopt.precision import rewrites, schemes
     from tvmopt.report import print_compile_result
 
-    # A rule inside kernels/cpu.py that raises (it catches the error itself) ...
+    # A rule inside codegen/cpu.py that raises (it catches the error itself) ...
     monkeypatch.setattr(cpu.MatmulRule, "accepts", _raise("matmul rule broke"))
     # ... and a dlight rule that raises out of the rule (the pipeline's guard catches it).
     monkeypatch.setattr(dl_cpu.GEMV, "apply", _raise("gemv rule broke"))
@@ -98,7 +100,7 @@ def test_every_kind_of_fallback_is_in_the_manifest_and_the_summary(save, tmp_pat
 
 
 def test_outputs_stay_right_on_the_fallbacks(save, tmp_path, monkeypatch):
-    from tvmopt.kernels import cpu
+    from tvmopt.codegen import cpu
     from tvmopt.runtime.loader import load
 
     monkeypatch.setattr(cpu.MatmulRule, "accepts", _raise("matmul rule broke"))

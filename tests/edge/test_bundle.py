@@ -80,8 +80,10 @@ def _tamper(root: Path, rel: str, tmp: Path) -> Path:
 
 
 # ------------------------------------------------------------------- x86_64, run natively
-needs_x86_host = pytest.mark.skipif(host_arch() != "x86_64" or shutil.which("g++") is None,
-                                    reason="the native bundle test needs an x86_64 host with g++")
+needs_x86_host = pytest.mark.skipif(
+    host_arch() != "x86_64" or shutil.which("g++") is None,
+    reason=f"the native bundle test needs an x86_64 host with g++ (this host: {host_arch()}, "
+           f"g++ {'found' if shutil.which('g++') else 'missing'})")
 
 
 @pytest.fixture(scope="module")

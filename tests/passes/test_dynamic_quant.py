@@ -83,7 +83,7 @@ def _compile(path, passes_on: bool, monkeypatch):
         monkeypatch.setattr(dynamic_quant, "ZeroPointZero", keep)
     target = host_target().to_tvm()
     cfg = pipeline.PipelineConfig(dispatch="codegen")
-    mod = pipeline.optimize(import_onnx(onnx.load(path)).mod, target, cfg, until="fastmath")
+    mod = pipeline.optimize(import_onnx(onnx.load(path)).mod, target, cfg, until="fastmath").mod
     ex = pipeline.build(mod, target, cfg=cfg, start_after="fastmath")
     monkeypatch.undo()
     return mod, ex

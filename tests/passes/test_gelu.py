@@ -12,6 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.onednn_required import require_onednn
+
 
 def _c(name, v):
     return numpy_helper.from_array(np.array(v, np.float32), name)
@@ -68,7 +70,7 @@ def _simplified(model):
     from tvmopt.runtime.in_memory import host_target
 
     return pipeline.optimize(import_onnx(model).mod, host_target().to_tvm(),
-                             pipeline.PipelineConfig(dispatch="codegen"), until="simplify")
+                             pipeline.PipelineConfig(dispatch="codegen"), until="simplify").mod
 
 
 def _check_runs(model, feeds):
@@ -111,11 +113,7 @@ def test_look_alikes_are_left_alone(make):
 
 
 def test_dense_layer_then_spelled_out_gelu_is_one_library_call():
-    od = pytest.importorskip("tvmopt.kernels.onednn")
-    try:
-        od.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    od = require_onednn()
     from tvmopt import pipeline
     from tvmopt.frontend.importer import import_onnx
     from tvmopt.runtime.in_memory import host_target
@@ -129,7 +127,7 @@ def test_dense_layer_then_spelled_out_gelu_is_one_library_call():
     for n in g.node[1:]:
         n.input[:] = ["xw" if i == "x" else i for i in n.input]
     mod = pipeline.optimize(import_onnx(m).mod, host_target().to_tvm(),
-                            pipeline.PipelineConfig(dispatch="library"), until="dispatch")
+                            pipeline.PipelineConfig(dispatch="library"), until="dispatch").mod
     text = mod["main"].script(show_meta=False)
     assert text.count(f'R.call_dps_packed("{od.MATMUL_FUNC}"') == 1
     assert "gelu" not in text.replace(od.MATMUL_FUNC, "")  # the GELU went into the call

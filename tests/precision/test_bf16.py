@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from tests.onednn_required import require_onednn
 from tvmopt.errors import TvmoptError
 from tvmopt.precision.schemes import library_compute
 from tvmopt.targets.registry import get_target, host_cpu_features
@@ -18,11 +19,7 @@ BF16_UNITS = ("amx_bf16", "avx512_bf16")
 def needs_bf16_host():
     if not set(BF16_UNITS) & host_cpu_features():
         pytest.skip(f"this CPU has neither {' nor '.join(BF16_UNITS)} (bf16 library kernels)")
-    od = pytest.importorskip("tvmopt.kernels.onednn")
-    try:
-        od.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    require_onednn()
 
 
 @pytest.mark.parametrize("target, precision, expect", [
@@ -79,10 +76,10 @@ def test_bf16_library_kernels_match_onnxruntime_to_bf16_precision(tmp_path):
     from tvmopt import pipeline
     from tvmopt.frontend.importer import import_onnx
     from tvmopt.interface.gate import relative_error
-    from tvmopt.kernels import onednn as od
+    from tvmopt.library import onednn as od
     from tvmopt.runtime.in_memory import host_target
 
-    from ..kernels.test_onednn import make_model
+    from ..library.test_onednn import make_model
 
     rng = np.random.default_rng(0)
     inits = {"w": rng.standard_normal((32, 16, 3, 3)).astype("float32") * 0.1,
@@ -103,7 +100,7 @@ def test_bf16_library_kernels_match_onnxruntime_to_bf16_precision(tmp_path):
                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     target = host_target().to_tvm()
     front = pipeline.optimize(import_onnx(model).mod, target,
-                              pipeline.PipelineConfig(dispatch="codegen"), until="layout")
+                              pipeline.PipelineConfig(dispatch="codegen"), until="layout").mod
     errors = {}
     for compute in ("fp32", "bf16"):
         mod = od.lower(od.partition(front), None, compute=compute)
@@ -134,10 +131,10 @@ def test_bf16_activations_pass_between_library_kernels_unconverted():
     from tvmopt import pipeline
     from tvmopt.frontend.importer import import_onnx
     from tvmopt.interface.gate import relative_error
-    from tvmopt.kernels import onednn as od
+    from tvmopt.library import onednn as od
     from tvmopt.runtime.in_memory import host_target
 
-    from ..kernels.test_onednn import make_model
+    from ..library.test_onednn import make_model
 
     rng = np.random.default_rng(1)
     inits = {f"w{i}": rng.standard_normal((16, 16, 3, 3)).astype("float32") * 0.1
@@ -159,7 +156,7 @@ def test_bf16_activations_pass_between_library_kernels_unconverted():
                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     target = host_target().to_tvm()
     cfg = pipeline.PipelineConfig(dispatch="codegen")
-    front = pipeline.optimize(import_onnx(model).mod, target, cfg, until="layout")
+    front = pipeline.optimize(import_onnx(model).mod, target, cfg, until="layout").mod
     mod = od.lower(od.partition(front), None, compute="bf16")
     calls = [b.value for blk in mod["main"].body.blocks for b in blk.bindings
              if isinstance(b.value, relax.Call) and b.value.op.name == "relax.call_dps_packed"]
@@ -170,7 +167,7 @@ def test_bf16_activations_pass_between_library_kernels_unconverted():
     casts = [b.value for blk in mod["main"].body.blocks for b in blk.bindings
              if isinstance(b.value, relax.Call) and b.value.op.name == "relax.astype"]
     assert len(casts) == 2  # the graph input into conv1, the norm's output into the matmul
-    built = pipeline.optimize(mod, target, cfg, start_after="dispatch")
+    built = pipeline.optimize(mod, target, cfg, start_after="dispatch").mod
     norm = [f.script() for f in built.functions.values()
             if isinstance(f, tvm.tirx.PrimFunc) and "T.axis.reduce" in f.script()]
     assert norm and all('"bfloat16"' in t for t in norm), norm
@@ -195,20 +192,22 @@ def _compile(model, out, **kw):
 @pytest.fixture
 def bf16_always_faster(tmp_path, monkeypatch):
     """Timings where bf16 beats fp32 and codegen on every kernel, so the choice (and what the
-    gate does with it) does not depend on this machine's load. kernels.dispatch times each
+    gate does with it) does not depend on this machine's load. precision.choice times each
     workload as oneDNN fp32, oneDNN bf16, then the default schedules."""
     from itertools import cycle
 
-    from tvmopt.kernels import dispatch, timing
+    from tvmopt.precision import choice
+
+    from tvmopt import timing
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
     ms = cycle([2.0, 1.0, 4.0])
-    monkeypatch.setattr(dispatch, "measure_call",
+    monkeypatch.setattr(choice, "measure_call",
                         lambda vm, name, inputs, roof=None: timing.Measurement(*(2 * [next(ms)]), 0.0))
 
 
 def _cnn(tmp_path):
-    from ..kernels.test_onednn import _small_cnn
+    from ..library.test_onednn import _small_cnn
 
     return _small_cnn(tmp_path / "cnn.onnx")
 
@@ -218,7 +217,8 @@ def test_bf16_kernels_are_timed_on_bf16_activations(tmp_path, monkeypatch):
     so its timing feeds it bf16 and does not charge it a conversion; fp32 and codegen are
     timed on fp32 inputs."""
     needs_bf16_host()
-    from tvmopt.kernels import dispatch, timing
+    from tvmopt.precision import choice
+    from tvmopt import timing
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
     seen = []
@@ -227,7 +227,7 @@ def test_bf16_kernels_are_timed_on_bf16_activations(tmp_path, monkeypatch):
         seen.append(tuple(str(t.dtype) for t in inputs if hasattr(t, "dtype")))
         return timing.Measurement(1.0, 1.0, 0.0)
 
-    monkeypatch.setattr(dispatch, "measure_call", measure)
+    monkeypatch.setattr(choice, "measure_call", measure)
     _compile(_cnn(tmp_path), tmp_path / "a", precision="bf16")
     kinds = {dt for call in seen for dt in call}
     assert kinds == {"float32", "bfloat16"}, seen
@@ -262,13 +262,14 @@ def test_bf16_within_the_gain_of_fp32_is_not_worth_its_error(tmp_path, monkeypat
     LOWER_PRECISION_GAIN of its time: a gain inside the timing noise flipped from one compile
     to the next."""
     needs_bf16_host()
-    from tvmopt.kernels import dispatch, timing
+    from tvmopt.precision import choice
+    from tvmopt import timing
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
-    gain = dispatch.LOWER_PRECISION_GAIN
+    gain = choice.LOWER_PRECISION_GAIN
     # per kernel: oneDNN fp32, oneDNN bf16 just short of the gain, then the default schedules
     times = iter([2.0, 2.0 * gain + 0.01, 4.0] * 20)
-    monkeypatch.setattr(dispatch, "measure_call", lambda vm, name, inputs, roof=None:
+    monkeypatch.setattr(choice, "measure_call", lambda vm, name, inputs, roof=None:
                         timing.Measurement(*(2 * [next(times)]), 0.0))
     res, logged = _compile(_cnn(tmp_path), tmp_path / "a")
     choices = res.artifact.manifest["kernels"]["choices"]
@@ -335,16 +336,12 @@ def test_a_calibration_file_that_does_not_fit_the_model_is_refused(tmp_path):
 
 def test_a_build_host_without_bf16_units_keeps_fp32_and_says_why(tmp_path, monkeypatch,
                                                                   bf16_always_faster):
-    od = pytest.importorskip("tvmopt.kernels.onednn")
-    try:
-        od.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    require_onednn()
     from tvmopt import pipeline
-    from tvmopt.kernels import dispatch
+    from tvmopt.precision import choice
     from tvmopt.interface.compile import CompileOptions, compile_model
 
-    monkeypatch.setattr(dispatch, "host_has_bf16", lambda: False)
+    monkeypatch.setattr(choice, "host_has_bf16", lambda: False)
     logged = []
     res = compile_model(CompileOptions(model=_cnn(tmp_path), output=str(tmp_path / "a"),
                                        target="x86-avx2", dispatch="auto"), log=logged.append)
@@ -356,10 +353,10 @@ def test_a_build_host_without_bf16_units_keeps_fp32_and_says_why(tmp_path, monke
     from tvmopt.frontend.importer import import_onnx
 
     mod = import_onnx(onnx.load(_cnn(tmp_path))).mod
-    pipeline.optimize(mod, get_target("x86-sapphirerapids").to_tvm(), cfg, until="dispatch")
-    assert any("no bf16 units" in n for n in cfg.notes)
+    records = pipeline.optimize(mod, get_target("x86-sapphirerapids").to_tvm(), cfg, until="dispatch").records
+    assert any("no bf16 units" in n for n in records.notes)
     assert all(c.library_bf16_ms is None and c.precision == "fp32"
-               for c in cfg.dispatch_choices)
+               for c in records.choices)
 
 
 def test_lowering_leaves_the_partitioned_module_as_it_was(tmp_path):
@@ -372,12 +369,13 @@ def test_lowering_leaves_the_partitioned_module_as_it_was(tmp_path):
 
     from tvmopt import pipeline
     from tvmopt.frontend.importer import import_onnx
-    from tvmopt.kernels import onednn as od
+    from tvmopt.library import onednn as od
+    from tvmopt.library.onednn.lower import _compute_of
     from tvmopt.runtime.in_memory import host_target
 
     mod = import_onnx(onnx.load(_cnn(tmp_path))).mod
     front = pipeline.optimize(mod, host_target().to_tvm(),
-                              pipeline.PipelineConfig(dispatch="codegen"), until="layout")
+                              pipeline.PipelineConfig(dispatch="codegen"), until="layout").mod
     part = od.partition(front)
     before = part.clone()
 
@@ -386,7 +384,7 @@ def test_lowering_leaves_the_partitioned_module_as_it_was(tmp_path):
 
         def visit(e):
             if isinstance(e, relax.Call) and e.op.same_as(tvm.ir.Op.get("relax.call_dps_packed")):
-                found.append(od._compute_of(e))
+                found.append(_compute_of(e))
 
         relax.analysis.post_order_visit(lowered["main"], visit)
         return found

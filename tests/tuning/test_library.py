@@ -7,7 +7,7 @@ import pytest
 
 from tests.models import tiny_conv
 
-from tvmopt.kernels.dispatch import Choice
+from tvmopt.precision.choice import Choice
 from tvmopt.tuning import library
 
 
@@ -40,17 +40,17 @@ def test_each_dispatched_workload_carries_its_flops(tmp_path, monkeypatch):
     import onnx
     from tvmopt import pipeline
     from tvmopt.frontend.importer import import_onnx
-    from tvmopt.kernels import dispatch
-    from tvmopt.kernels.timing import Measurement
+    from tvmopt.precision import choice
+    from tvmopt.timing import Measurement
     from tvmopt.runtime.in_memory import host_target
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(dispatch, "measure_call", lambda *a, **k: Measurement(1.0, 1.0, 0.0))
+    monkeypatch.setattr(choice, "measure_call", lambda *a, **k: Measurement(1.0, 1.0, 0.0))
     model = tiny_conv(tmp_path / "conv.onnx", channels=8, size=6)
     cfg = pipeline.PipelineConfig(dispatch="auto", library_compute=("fp32",))
-    pipeline.optimize(import_onnx(onnx.load(model)).mod, host_target().to_tvm(), cfg,
-                      until="dispatch")
-    got = sorted(c.gflop * 1e9 for c in cfg.dispatch_choices)
+    records = pipeline.optimize(import_onnx(onnx.load(model)).mod, host_target().to_tvm(), cfg,
+                      until="dispatch").records
+    got = sorted(c.gflop * 1e9 for c in records.choices)
     # 3x3 conv 16 -> 8 channels with bias and relu, then a 1x1 conv 8 -> 8, on 6x6
     conv3 = 2 * 6 * 6 * 8 * 16 * 9 + 2 * 6 * 6 * 8  # multiply-adds, then bias and relu
     conv1 = 2 * 6 * 6 * 8 * 8
@@ -60,8 +60,8 @@ def test_each_dispatched_workload_carries_its_flops(tmp_path, monkeypatch):
 def test_the_probe_times_its_matmul_on_every_call(tmp_path, monkeypatch, onednn_extension):
     """Never a cached rate: an earlier run's timing, taken at a busy moment, read oneDNN's
     fp32 rate at half of what it is."""
-    from tvmopt.kernels import dispatch
-    from tvmopt.kernels.timing import Measurement
+    from tvmopt.precision import choice
+    from tvmopt.timing import Measurement
     from tvmopt.runtime.in_memory import host_target
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
@@ -71,7 +71,7 @@ def test_the_probe_times_its_matmul_on_every_call(tmp_path, monkeypatch, onednn_
         calls.append(name)
         return Measurement(2.0, 2.0, 0.0)
 
-    monkeypatch.setattr(dispatch, "measure_call", measure)
+    monkeypatch.setattr(choice, "measure_call", measure)
     m, k, n = library.PROBE_SHAPE
     rates = library.probe_rates(host_target(), ("fp32",))
     assert rates == {"fp32": pytest.approx(2 * m * k * n / 2.0 / 1e6)}
@@ -80,7 +80,7 @@ def test_the_probe_times_its_matmul_on_every_call(tmp_path, monkeypatch, onednn_
     assert len(calls) == 2 * timed
     # A probe timed on a busy machine gives no rate (the dispatch did not trust it).
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "busy"))
-    monkeypatch.setattr(dispatch, "measure_call",
+    monkeypatch.setattr(choice, "measure_call",
                         lambda *a, **kw: Measurement(2.0, 2.0, foreign_load=1.5))
     assert library.probe_rates(host_target(), ("fp32",)) == {}
 

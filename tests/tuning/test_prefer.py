@@ -12,10 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from tests.models import tiny_mlp
+from tests.onednn_required import require_onednn
 
 from tvmopt.cli.main import main
-from tvmopt.kernels import timing
-from tvmopt.kernels.timing import Measurement, TimingCache
+from tvmopt import timing
+from tvmopt.timing import Measurement, TimingCache
 from tvmopt.targets.registry import get_target
 from tvmopt.tuning import prefer, replay, tune
 from tvmopt.tuning.tasks import extract_tasks
@@ -173,12 +174,9 @@ def _dispatch_choices(tmp_path, monkeypatch, times=None):
     measured when None."""
     from tvmopt import pipeline
     from tvmopt.frontend.model_file import import_model
-    from tvmopt.kernels import dispatch, onednn
+    from tvmopt.precision import choice
 
-    try:
-        onednn.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    require_onednn()
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
     # One round of timings per kernel: which side ships is under test, not how quiet the
     # machine is (a loaded one would time every side again).
@@ -190,25 +188,25 @@ def _dispatch_choices(tmp_path, monkeypatch, times=None):
     model = tiny_mlp(tmp_path / "mlp.onnx", batch=64, features=256, hidden=256, classes=256)
     fused, _, _ = tune.fused_module(model, SHAPES, hw)
     timings = []
-    real = dispatch.measure_call
+    real = choice.measure_call
 
     def timed(*args):
         m = real(*args) if times is None else Measurement(*(2 * [times[len(timings)]]), 0.0)
         timings.append(m.ms)
         return m
 
-    monkeypatch.setattr(dispatch, "measure_call", timed)
+    monkeypatch.setattr(choice, "measure_call", timed)
     cfg = pipeline.PipelineConfig(dispatch="auto", channels_last=False,
                                   database=_naive_records(fused, target))
-    pipeline.optimize(import_model(model, SHAPES).mod, target, cfg, until="dispatch")
-    return cfg.dispatch_choices, timings
+    records = pipeline.optimize(import_model(model, SHAPES).mod, target, cfg, until="dispatch").records
+    return records.choices, timings
 
 
 def test_dispatch_timing_takes_the_codegen_side_that_will_ship(tmp_path, monkeypatch):
     """With a database, oneDNN is timed against the faster of the tuned record and the default
     schedule, since compile drops a record the default schedule beats: a slow record must not
     hand a kernel to the library."""
-    from tvmopt.kernels.dispatch import MARGIN
+    from tvmopt.precision.choice import MARGIN
 
     # kernel 0: the record is slow, oneDNN beats the default; kernel 1: the record is fastest
     times = [1.0, 2.0, 5.0, 3.0, 4.0, 1.5]
@@ -221,7 +219,7 @@ def test_dispatch_timing_takes_the_codegen_side_that_will_ship(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_a_slow_record_measures_slower_than_the_default_schedule(tmp_path, monkeypatch):
-    from tvmopt.kernels import dispatch
+    from tvmopt.precision import choice
 
     choices, timings = _dispatch_choices(tmp_path, monkeypatch)
     assert len(choices) == 2 and len(timings) == 3 * len(choices)  # oneDNN, default, tuned
@@ -230,7 +228,7 @@ def test_a_slow_record_measures_slower_than_the_default_schedule(tmp_path, monke
         assert tuned_ms > default_ms, (tuned_ms, default_ms)  # the naive record is slow
         assert c.codegen_by == "default" and c.codegen_ms == round(default_ms, 4)
         assert c.library_ms == round(lib_ms, 4)
-        assert c.choice == ("library" if lib_ms < dispatch.MARGIN * default_ms else "codegen")
+        assert c.choice == ("library" if lib_ms < choice.MARGIN * default_ms else "codegen")
 
 
 def test_a_kernel_with_two_outputs_is_wrapped_for_timing():

@@ -165,7 +165,7 @@ def test_minutes_budget_ends_the_search_and_says_so(tuned, tmp_path):
 
 def test_the_library_share_bounds_what_tuning_can_buy():
     """Kernels oneDNN runs are not tuned: their timed share is what no tuning can go below."""
-    from tvmopt.kernels.dispatch import Choice
+    from tvmopt.precision.choice import Choice
 
     choices = [Choice("conv", 3, "library", 1.0, 2.0),
                Choice("conv_bf16", 2, "library", 1.0, 2.0, precision="bf16", library_bf16_ms=0.5),
@@ -191,7 +191,7 @@ def test_the_library_share_bounds_what_tuning_can_buy():
 
 def test_a_build_almost_all_on_the_library_is_told_it_has_little_to_tune():
     from rich.console import Console
-    from tvmopt.kernels.dispatch import Choice
+    from tvmopt.precision.choice import Choice
 
     task = tasks.Task("k", 2, None, 0.0)
     key = tune._task_key
@@ -207,10 +207,10 @@ def test_a_build_almost_all_on_the_library_is_told_it_has_little_to_tune():
 def test_tune_says_what_share_of_the_model_it_can_change(tmp_path, monkeypatch):
     """With the convolutions on oneDNN, tune says before the search what share of the kernel
     time its tasks hold, and after it the whole model's kernel time untuned and tuned."""
-    from tvmopt.kernels import dispatch
+    from tvmopt.precision import choice
 
     # oneDNN takes every convolution whatever the timings say: the test is of the report.
-    monkeypatch.setattr(dispatch, "MARGIN", float("inf"))
+    monkeypatch.setattr(choice, "MARGIN", float("inf"))
     model = tiny_conv(tmp_path / "conv.onnx", channels=16, size=8)
     res = CliRunner().invoke(main, ["tune", model, "--db", str(tmp_path / "db"), "--trials",
                                     "0", "--dispatch", "auto", "--precision", "fp32"])
@@ -259,10 +259,10 @@ def test_replay_schedules_are_applied_before_dlight(tuned):
     model, db, _ = tuned
     hw = get_target("x86")
     imported = import_onnx(load_onnx(model), SHAPE)
-    fused = pipeline.optimize(imported.mod, hw.to_tvm(), until=pipeline.FRONT_HALF)
+    fused = pipeline.optimize(imported.mod, hw.to_tvm(), until=pipeline.FRONT_HALF).mod
     rep = replay.replay_database(db, hw, fused, require=True)
     mod = pipeline.optimize(fused, hw.to_tvm(), pipeline.PipelineConfig(database=rep.db),
-                            until="database", start_after=pipeline.FRONT_HALF)
+                            until="database", start_after=pipeline.FRONT_HALF).mod
     scheduled = sorted(gv.name_hint for gv, f in mod.functions.items()
                        if f.attrs is not None and f.attrs.get("tirx.is_scheduled", False))
     assert scheduled == sorted(rep.hits)
@@ -490,16 +490,25 @@ def test_runner_workers_time_on_as_many_threads_as_an_artifact_runs(monkeypatch)
         runner.pool.shutdown()
 
 
-def test_the_fingerprint_leaves_out_only_how_kernels_are_timed(monkeypatch):
+def test_the_fingerprint_leaves_out_only_how_kernels_are_timed(monkeypatch, tmp_path):
     """How a kernel is timed shapes no task, so a change there must not tell every database's
-    user that its records may be stale; every excluded path must exist, or the exclusion has
-    gone stale after a rename."""
+    user that its records may be stale: timing.py lies outside every fingerprinted path, and
+    every fingerprinted path exists (or the fingerprint has gone stale after a rename)."""
     pkg = Path(front.__file__).resolve().parent
-    assert front._NOT_FINGERPRINTED == ("kernels/timing.py",)
-    assert all((pkg / p).is_file() for p in front._NOT_FINGERPRINTED)
-    with_it_left_out = front.pipeline_fingerprint()
-    monkeypatch.setattr(front, "_NOT_FINGERPRINTED", ())
-    assert front.pipeline_fingerprint() != with_it_left_out
+    assert all((pkg / p).exists() for p in front._FINGERPRINTED)
+    assert (pkg / "timing.py").is_file()
+    assert not any(p == "timing.py" or (pkg / p).is_dir() and (pkg / p / "timing.py").exists()
+                   for p in front._FINGERPRINTED)
+    # ... and a fingerprinted source does change it
+    before = front.pipeline_fingerprint()
+    fake = tmp_path / "tvmopt"
+    fake.mkdir()
+    for p in front._FINGERPRINTED:
+        (fake / p).symlink_to(pkg / p)
+    (fake / "front.py").unlink()
+    (fake / "front.py").write_text((pkg / "front.py").read_text() + "# edited\n")
+    monkeypatch.setattr(front, "__file__", str(fake / "front.py"))
+    assert front.pipeline_fingerprint() != before
 
 
 @pytest.mark.slow  # the same left-out path as a kernel sized at run time, on an LSTM
@@ -607,8 +616,9 @@ def test_compile_db_takes_the_library_choices_the_database_was_tuned_with(tmp_pa
     and the module then has other tasks than the database: compile --db (and a resumed tune)
     takes tune's choices as recorded, and compile --retime decides them again."""
     needs_bf16_host()
-    from tests.kernels.test_onednn import _small_cnn
-    from tvmopt.kernels import dispatch, timing
+    from tests.library.test_onednn import _small_cnn
+    from tvmopt.precision import choice
+    from tvmopt import timing
 
     model = _small_cnn(tmp_path / "cnn.onnx")
     db = tmp_path / "db"
@@ -618,7 +628,7 @@ def test_compile_db_takes_the_library_choices_the_database_was_tuned_with(tmp_pa
     # this host now times oneDNN fp32 ahead of bf16, and both ahead of codegen
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache2"))
     ms = {"library_ms": 1.0, "library_bf16_ms": 2.0}
-    monkeypatch.setattr(dispatch, "_time_sides", lambda sides, name: {
+    monkeypatch.setattr(choice, "_time_sides", lambda sides, name: {
         s: timing.Measurement(*(2 * [ms.get(s, 4.0)]), 0.0) for s in sides})
 
     def choices(*extra):
@@ -666,7 +676,7 @@ def test_default_schedules_measured_on_a_busy_machine_are_measured_again(monkeyp
     figure (a failed one loses); the second measurement's records are no trials."""
     from rich.console import Console
 
-    from tvmopt.kernels import timing
+    from tvmopt import timing
     from tvmopt.tuning import seed
 
     loads, rounds = iter([1.5, 0.0]), iter([[0.5, None, 0.25], [0.1, 0.2, 0.75]])

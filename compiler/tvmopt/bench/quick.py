@@ -22,7 +22,7 @@ def latency_summary(artifact_path, model_path, runs: int = 50,
 
     import numpy as np
 
-    from ..kernels.timing import ForeignLoad
+    from ..timing import ForeignLoad
     from ..runtime.artifact import read_artifact
     from .isolated import Spec, Worker, interleaved
     from .runner import InputFactory

@@ -18,7 +18,7 @@ DEMO_ROUNDS = 10
 
 
 def _note_load(rows) -> None:
-    from ..kernels.timing import FOREIGN_LOAD_LIMIT
+    from ..timing import FOREIGN_LOAD_LIMIT
 
     load = rows[0].get("foreign_load", 0.0)
     if load >= FOREIGN_LOAD_LIMIT:

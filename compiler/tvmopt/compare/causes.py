@@ -265,8 +265,8 @@ def builtin_cause(name: str) -> str | None:
 
 
 # -------------------------------------------------------------------- library calls (oneDNN)
-# Positions in the int64 attrs each call takes (enums of kernels/onednn_ext.cc, which
-# kernels/onednn.py writes; tests/compare check them against the C++ source).
+# Positions in the int64 attrs each call takes (enums of library/onednn/onednn_ext.cc, which
+# library/onednn/ writes; tests/compare check them against the C++ source).
 ONEDNN_ATTRS = {
     "conv2d": {"groups": 8, "nhwc": 16, "compute": 17},
     "matmul": {"compute": 3},
@@ -276,7 +276,7 @@ ONEDNN_ATTRS = {
     "qconv2d": {"groups": 8, "nhwc": 13},
     "qmatmul": {"dynamic": 6},
 }
-ONEDNN_COMPUTE = {0: "fp32", 1: "bf16"}  # kernels/onednn.py COMPUTE, inverted
+ONEDNN_COMPUTE = {0: "fp32", 1: "bf16"}  # library/onednn/ COMPUTE, inverted
 # every library function a build can call: name -> the primitive it computes
 LIBRARY_FUNCS = {
     "tvmopt.onednn.conv2d": "conv2d",

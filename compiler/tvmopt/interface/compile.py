@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import stage
@@ -93,6 +93,18 @@ class CompileOptions:
 
 
 @dataclass
+class _Build:
+    """One build of the model: the config it ran under, its precision plan, the database
+    replay, the executable, and what the dispatch decided."""
+
+    cfg: object
+    plan: object
+    replay: object | None
+    ex: object
+    records: object
+
+
+@dataclass
 class CompileResult:
     artifact: object
     timings: dict[str, float]
@@ -137,7 +149,7 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
         TvmoptError: any user-facing failure (model, op, shape, target, build, verification).
     """
     from .. import fallbacks
-    from ..kernels.timing import start_tvm_pool
+    from ..timing import start_tvm_pool
 
     # Before any kernel runs: the pool is sized once, and the compile-time timings on it
     # (tuned records against default schedules) must see the artifact's thread count.
@@ -209,28 +221,29 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
         loaded = load_database(opts.db, hw)
         timings["database_s"] = time.perf_counter() - t_db
 
-    def build_all(cfg, log):
-        """Front half, plan, database replay and build under `cfg`: (plan, replay, executable)."""
+    def build_all(cfg, log) -> _Build:
+        """Front half, plan, database replay and build under `cfg`."""
         if loaded is not None:
-            cfg.database, cfg.database_id = loaded.db, loaded.sha256
-            cfg.pinned_library = _pinned_library(loaded.manifest, opts)
+            cfg = replace(cfg, database=loaded.db, database_id=loaded.sha256,
+                          pinned_library=_pinned_library(loaded.manifest, opts))
         # Front half, then the plan of its fp32 kernels: the roofline picks the precision per
         # target (and the library kernels' timing, which ran in the front half, the precision
         # of each library call).
         t_plan = time.perf_counter()
         try:
-            fused, plan = fuse_and_plan(imported.mod, target, hw, cfg, opts.precision,
-                                        dims=opts.verify_dims, dump=dump, log=log)
+            front = fuse_and_plan(imported.mod, target, hw, cfg, opts.precision,
+                                  dims=opts.verify_dims, dump=dump, log=log)
         except BuildError:
             raise
         except Exception as err:
             raise BuildError(f"optimization failed: {error_line(err)}") from err
         timings["plan_s"] = timings.get("plan_s", 0.0) + time.perf_counter() - t_plan
+        fused, plan, cfg = front.fused, front.plan, front.cfg
 
         # Tuning database: matched against the fused module the "database" phase will see.
         replay = None
         if opts.db:
-            from ..kernels.timing import TimingCache
+            from ..timing import TimingCache
             from ..tuning.prefer import prefer_default_where_faster
             from ..tuning.replay import replay_database
 
@@ -250,7 +263,7 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
             with fallbacks.paused():  # its trial builds are not the artifact's
                 replay.compared = prefer_default_where_faster(
                     replay, hw, fused, prepack, cache=TimingCache(read=not opts.retime))
-            cfg.database = replay.db
+            cfg = replace(cfg, database=replay.db)
             dropped = [c.task for c in replay.compared if not c.kept]
             if replay.compared:
                 log(f"database: {len(replay.compared) - len(dropped)} of {len(replay.compared)} "
@@ -261,14 +274,15 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
         t1 = time.perf_counter()
         ex = pipeline.build(fused, target, cfg, dump=dump, start_after=pipeline.FRONT_HALF)
         timings["build_s"] = timings.get("build_s", 0.0) + time.perf_counter() - t1
-        return plan, replay, ex
+        return _Build(cfg, plan, replay, ex, front.records)
 
-    def manifest_of(cfg, plan, replay):
+    def manifest_of(b: _Build):
+        cfg, plan, replay = b.cfg, b.plan, b.replay
         m = {
             "model": {**model_file.manifest_entry(opts.model, model, imported,
                                                   opts.allow_newer_opset),
                       "nonfinite_weights": bad_weights},
-            "kernels": kernels_manifest(cfg, replay),
+            "kernels": kernels_manifest(cfg, b.records, replay),
             "tvm_version": _tvm_version(),
             "tvm_ffi_version": _tvm_ffi_version(),
             "target": {"name": hw.name, "device": hw.device, "arch": hw.arch,
@@ -296,31 +310,30 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
             m["tuning"] = replay.to_json()
         return m
 
-    plan, replay, ex = build_all(cfg, log)
+    b = build_all(cfg, log)
     gate = None
     # Only a precision tvmopt lowered on its own (bf16) is gated: the int8 calls of a QDQ model
     # compute what the model's own quantize/dequantize steps define.
     if any(c.choice == "library" and c.precision in compute and c.precision != "fp32"
-           for c in cfg.dispatch_choices):
+           for c in b.records.choices):
         t_gate = time.perf_counter()
-        cfg, plan, replay, ex, gate = _accuracy_gate(
-            opts, imported, cfg, plan, replay, ex, config, build_all,
-            lambda c, p, r: manifest_of(c, p, r), cc, log)
+        b, gate = _accuracy_gate(opts, imported, b, config, build_all, manifest_of, cc, log)
         timings["gate_s"] = time.perf_counter() - t_gate
-        if replay is not None:
+        if b.replay is not None:
             from ..tuning.tune import gate_settings, gate_settings_differ
 
             differ = gate_settings_differ(
-                ((replay.manifest or {}).get("pipeline") or {}).get("accuracy_gate"),
+                ((b.replay.manifest or {}).get("pipeline") or {}).get("accuracy_gate"),
                 gate_settings(opts.max_error, opts.calibration))
             if differ:
                 log(f"note: database {opts.db} was tuned behind the accuracy gate with other "
                     f"settings ({'; '.join(differ)}): where this gate gives calls back, "
                     "their tasks miss; tune with the same --max-error and --calibration")
-    for note in cfg.notes:
+    for note in b.records.notes:
         log(f"note: {note}")
+    cfg, plan, replay, ex = b.cfg, b.plan, b.replay, b.ex
 
-    manifest = manifest_of(cfg, plan, replay)
+    manifest = manifest_of(b)
     if gate is not None:
         manifest["precision"]["gate"] = gate.to_json()
     manifest["fallbacks"], manifest["schedule_fallbacks"] = fallbacks_manifest(events, log)
@@ -376,8 +389,7 @@ def _program_bounds(mod) -> dict[str, tuple[int, int]]:
     return {k: (lower.get(k, 0), hi) for k, hi in upper.items()}
 
 
-def _accuracy_gate(opts, imported, cfg, plan, replay, ex, config, build_all, manifest_of, cc,
-                   log):
+def _accuracy_gate(opts, imported, b: _Build, config, build_all, manifest_of, cc, log):
     """Check a build with lower-precision library kernels against the fp32 reference; give
     the lower precision back kernel by kernel (least time saved first) and rebuild while the
     error is over the limit. Returns the build that passed (or the all-fp32 one) and the record."""
@@ -386,7 +398,7 @@ def _accuracy_gate(opts, imported, cfg, plan, replay, ex, config, build_all, man
     from ..runtime.artifact import write_artifact
     from . import gate as g
 
-    prec = next(c.precision for c in cfg.dispatch_choices
+    prec = next(c.precision for c in b.records.choices
                 if c.choice == "library" and c.precision not in ("fp32", "int8"))
     limit = opts.max_error if opts.max_error is not None else g.DEFAULT_MAX_ERROR
     feeds, described = g.sample_inputs(imported, opts)
@@ -396,15 +408,14 @@ def _accuracy_gate(opts, imported, cfg, plan, replay, ex, config, build_all, man
     stage.enter("the accuracy gate")
     with tempfile.TemporaryDirectory(prefix="tvmopt-gate-") as tmp:
         for step in range(g.MAX_FALLBACK_STEPS + 2):
-            lower = [c for c in cfg.dispatch_choices
+            lower = [c for c in b.records.choices
                      if c.choice == "library" and c.precision == prec]
             if not lower:
                 rec.result = f"fp32: {prec} given back on every kernel"
                 log(f"precision {prec}: gate: {rec.result}")
                 break
             # A fresh path per attempt: a library loaded from a path is not loaded again.
-            art = write_artifact(Path(tmp) / f"attempt{step}", ex, manifest_of(cfg, plan, replay),
-                                 cc=cc)
+            art = write_artifact(Path(tmp) / f"attempt{step}", b.ex, manifest_of(b), cc=cc)
             err, worst, rec.reference = g.measure(str(art.path), opts.model, feeds)
             ok = err <= limit
             rec.attempts.append(g.Attempt(len(lower), err, ok, worst))
@@ -416,17 +427,16 @@ def _accuracy_gate(opts, imported, cfg, plan, replay, ex, config, build_all, man
                 break
             # What runs in the lower precision now, least time saved first: a rebuild re-times
             # kernels whose timings were not cached, so the set can differ from the last one.
-            order = g.fallback_order(cfg.dispatch_choices, prec)
+            order = g.fallback_order(b.records.choices, prec)
             last = step >= g.MAX_FALLBACK_STEPS
             give = order if last else order[: max(1, (len(order) + 1) // 2)]
             given_back += give
             log(f"precision {prec}: gate: {len(give)} workload(s) back to fp32, rebuilding")
             # The last step takes the lower precision off the table altogether.
             rec.all_fp32 = rec.all_fp32 or last
-            cfg = config(given_back, fp32=last)
-            plan, replay, ex = build_all(cfg, lambda s: None)
+            b = build_all(config(given_back, fp32=last), lambda s: None)
     rec.fp32_only = list(given_back)
-    return cfg, plan, replay, ex, rec
+    return b, rec
 
 
 def accuracy_gate_outcome(model: str, target: str, shapes: dict, precision: str, dispatch: str,

@@ -18,10 +18,11 @@ def precision_manifest(plan) -> dict:
     }
 
 
-def kernels_manifest(cfg, replay=None) -> dict:
-    """Who computes the heavy kernels: the build kind, the per-kernel choices with their timings,
-    and the libraries the artifact needs loaded before it runs."""
-    library = [c for c in cfg.dispatch_choices if c.choice == "library"]
+def kernels_manifest(cfg, records, replay=None) -> dict:
+    """Who computes the heavy kernels: the build kind, the per-kernel choices with their timings
+    (`records`, the pipeline's Records), and the libraries the artifact needs loaded before it
+    runs."""
+    library = [c for c in records.choices if c.choice == "library"]
     if replay is not None:
         kind = "tuned"
     elif library:
@@ -31,8 +32,8 @@ def kernels_manifest(cfg, replay=None) -> dict:
     return {"build": kind, "dispatch": cfg.dispatch,
             "layout": "NHWC" if cfg.use_channels_last else "as imported",
             "requires": ["onednn"] if library else [],
-            "choices": [c.to_json() for c in cfg.dispatch_choices],
-            "notes": list(cfg.notes)}
+            "choices": [c.to_json() for c in records.choices],
+            "notes": list(records.notes)}
 
 
 def fallbacks_manifest(events, log=print) -> tuple[list[dict], list[dict]]:

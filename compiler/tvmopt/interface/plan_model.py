@@ -71,15 +71,15 @@ def plan_model(model, hw: HardwareTarget, precision: str = "auto",
             mod, used_dims = _import_bound(import_onnx(proto, dict(shapes or {})).mod, dims)
     # codegen: the plan reads the fused functions; library dispatch is planned below
     fused = pipeline.optimize(mod, hw.to_tvm(), pipeline.PipelineConfig(dispatch="codegen"),
-                              until=pipeline.FRONT_HALF)
+                              until=pipeline.FRONT_HALF).mod
     choices, notes = [], []
     if dispatch != "codegen":
         # The library kernels' choices (and the precisions decided by timing them) first: the
         # plan reports them beside the roofline's kernels.
         cfg = pipeline.PipelineConfig(dispatch=dispatch,
                                       library_compute=library_compute(hw, precision))
-        pipeline.optimize(mod, hw.to_tvm(), cfg, until="dispatch")
-        choices, notes = cfg.dispatch_choices, list(cfg.notes)
+        records = pipeline.optimize(mod, hw.to_tvm(), cfg, until="dispatch").records
+        choices, notes = records.choices, list(records.notes)
     plan = make_plan(fused, hw, precision, dims, library=choices)
     plan.dims = used_dims  # the model's symbolic dims, as bound for the import
     plan.dispatch = [c.to_json() for c in choices]

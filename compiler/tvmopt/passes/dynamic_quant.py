@@ -37,7 +37,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..kernels.layout import _const_array, _scalar
+from .values import const_array, scalar_value
 from .mutate import rewrite_functions
 
 # Ops whose output is at least 0 whatever their input.
@@ -81,7 +81,7 @@ class _DynamicQuantRange(PyExprMutator):
         e = self._value(e)
         if depth > _MAX_DEPTH:
             return -math.inf
-        arr = _const_array(e)
+        arr = const_array(e)
         if arr is not None:
             if arr.size == 0 or arr.dtype.kind not in "fiu":
                 return -math.inf
@@ -103,13 +103,13 @@ class _DynamicQuantRange(PyExprMutator):
         if name == "relax.minimum":
             return min(self._lower_bound(a, depth + 1) for a in e.args)
         if name == "relax.clip":
-            lo = _scalar(e.args[1])
+            lo = scalar_value(e.args[1])
             inner = self._lower_bound(e.args[0], depth + 1)
             return inner if lo is None or math.isnan(lo) else max(lo, inner)
         return -math.inf
 
     def _is_zero(self, e) -> bool:
-        value = _scalar(self._value(e))
+        value = scalar_value(self._value(e))
         return value is not None and value == 0.0
 
     def _full_min_of(self, e):
@@ -131,8 +131,8 @@ class _DynamicQuantRange(PyExprMutator):
         for i, name in enumerate(chain):
             if _op_name(zp) != name:
                 return False
-            if name == "relax.clip" and (_scalar(zp.args[1]) != 0.0 or
-                                         _scalar(zp.args[2]) != 255.0):
+            if name == "relax.clip" and (scalar_value(zp.args[1]) != 0.0 or
+                                         scalar_value(zp.args[2]) != 255.0):
                 return False
             if name == "relax.subtract":
                 if not self._is_zero(zp.args[0]):
@@ -155,7 +155,7 @@ class _DynamicQuantRange(PyExprMutator):
                 call.ty.ndim == 0:
             # min(c, min(x)) with every element of x at least c -> c
             for c, other in ((call.args[0], call.args[1]), (call.args[1], call.args[0])):
-                bound, x = _scalar(self._value(c)), self._full_min_of(other)
+                bound, x = scalar_value(self._value(c)), self._full_min_of(other)
                 if bound is not None and x is not None and self._lower_bound(x) >= bound:
                     self.changed = True
                     return relax.const(np.array(bound, dtype=str(call.ty.dtype)),

@@ -4,7 +4,7 @@ The ONNX importer emits an LSTM / GRU / RNN node that a library can run whole (o
 primitives) as a call of a private Relax function: its body is the unrolled recurrence (the
 input projection of every step hoisted into one matmul, then the steps), its `RECURRENT_ATTR`
 attribute the node's description as JSON. The dispatch phase either replaces the call with the
-library's (kernels.onednn.lower_recurrent) or leaves it; on CPUs `LoopRecurrent` rebuilds each
+library's (library.onednn.lower_recurrent) or leaves it; on CPUs `LoopRecurrent` rebuilds each
 body that is left as loop kernels (frontend rnn_loop: the time loop inside one kernel for all
 directions, where the unrolled body calls a few kernels per step); `InlineRecurrent` then puts
 every body back into its caller, so the rest of the pipeline sees plain ops.

@@ -67,7 +67,7 @@ def _dim_value(expr, dims: dict[str, int], unknown: set[str]) -> int:
     A var that is not a model dim (a size computed at run time: a shape read from an input,
     NonZero's count) counts as 1 and is added to `unknown`.
     """
-    from ..kernels.timing import dim_value
+    from ..timing import dim_value
 
     return dim_value(expr, dims, unknown)
 
@@ -173,7 +173,7 @@ def make_plan(fused_mod, hw: HardwareTarget, precision: str = "auto",
         hw: the target.
         precision: "auto" or a scheme from `precision.policy.SCHEMES`.
         dims: values for symbolic dimensions (default 1 each).
-        library: the build's per-kernel library dispatch choices (kernels.dispatch.Choice);
+        library: the build's per-kernel library dispatch choices (precision.choice.Choice);
             the precisions that run inside library kernels (bf16 on CPU) are decided there.
 
     Returns:

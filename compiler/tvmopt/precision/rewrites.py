@@ -114,7 +114,7 @@ def _is_op(e, name) -> bool:
 
 def _dynamic_int8_matmul(call, bound) -> bool:
     """MatMulInteger of a DynamicQuantizeLinear input and a constant weight that fits int8, as
-    imported: what the oneDNN int8 library kernels take (kernels.onednn qmatmul_dynamic)."""
+    imported: what the oneDNN int8 library kernels take (library.onednn qmatmul_dynamic)."""
     import tvm
 
     sub = bound(call.args[0])

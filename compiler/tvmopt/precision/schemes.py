@@ -31,7 +31,7 @@ class Context:
     """What the schemes decide over, and what they decided so far.
 
     Attributes:
-        library: the per-kernel library dispatch choices of this build (kernels.dispatch.Choice):
+        library: the per-kernel library dispatch choices of this build (precision.choice.Choice):
             where a scheme is realised by library kernels (bf16 on CPU), its decision reports
             what the timing chose.
     """
@@ -231,7 +231,7 @@ class MixedFloat(Scheme):
     On CUDA the whole graph is rewritten (ToMixedPrecision) and matmuls go to tensor cores. On
     CPUs with bf16 matrix or dot-product instructions (AMX, AVX512-BF16), bf16 runs inside the
     library's convolution and matmul kernels only, each chosen where it times faster than fp32
-    (kernels.dispatch); memory-bound and numerically sensitive ops (softmax, norms, reductions)
+    (precision.choice); memory-bound and numerically sensitive ops (softmax, norms, reductions)
     stay fp32, and the build is checked against an accuracy gate (interface.gate).
     """
 

@@ -202,7 +202,7 @@ def _needs_onednn(art) -> bool:
 def _load_required_libraries(art) -> None:
     """Register the packed functions the artifact calls (the Relax VM looks them up by name)."""
     if _needs_onednn(art):
-        from ..kernels import onednn
+        from ..library import onednn
 
         try:
             onednn.load_extension()
@@ -231,7 +231,7 @@ def load(path, check_host: bool = True) -> LoadedModel:
     if t["device"] == "cpu":
         # TVM's pool takes half the logical CPUs when TVM_NUM_THREADS is unset (it takes
         # every x86 core for two hyper-threads): one thread on a 2-vCPU machine. Every core
-        # is what the compile-time kernel timing assumed (kernels.timing.threads); an explicit
+        # is what the compile-time kernel timing assumed (timing.threads); an explicit
         # TVM_NUM_THREADS, or a pool already started in this process, wins.
         os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     if check_host:
@@ -240,7 +240,7 @@ def load(path, check_host: bool = True) -> LoadedModel:
     run_time_checks.register_handler()
     try:
         if _needs_onednn(art):
-            from ..kernels import onednn
+            from ..library import onednn
 
             lib = onednn.load_library(str(art.library))
         else:

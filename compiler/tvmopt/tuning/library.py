@@ -127,10 +127,10 @@ def probe_rates(hw, compute: tuple[str, ...]) -> dict[str, float]:
     cfg = pipeline.PipelineConfig(dispatch="auto", hw=hw, library_compute=tuple(compute),
                                   retime=True)
     with pipeline.unrecorded():  # a measurement, not the caller's pipeline
-        pipeline.optimize(bb.get(), hw.to_tvm(), cfg, until=pipeline.FRONT_HALF)
+        records = pipeline.optimize(bb.get(), hw.to_tvm(), cfg, until=pipeline.FRONT_HALF).records
     flop = 2.0 * m * k * n
     out = {}
-    for c in cfg.dispatch_choices:
+    for c in records.choices:
         if not c.trusted:
             continue
         for prec, ms in (("fp32", c.library_ms), ("bf16", c.library_bf16_ms)):

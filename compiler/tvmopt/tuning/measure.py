@@ -161,7 +161,7 @@ def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None,
     evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=40,
                                           enable_cpu_cache_flush=False)
     if not rpc_tracker:
-        from ..kernels.timing import threads
+        from ..timing import threads
 
         # The runner's worker processes would otherwise start TVM's pool at its default, half
         # the logical CPUs (one thread on a 2-vCPU machine), while the schedules are generated

@@ -7,7 +7,7 @@ in a module of its own kernels as compile builds them (weights bound as constant
 default rules' weight packing folds away as it does in the model), timed, and the record is
 kept only where it measures faster than the default schedule by more than a tie. The two
 builds of a task are timed side by side in alternating rounds and compared within each round
-(kernels.timing.measure_paired): timed one after the other, a record of a microsecond kernel
+(timing.measure_paired): timed one after the other, a record of a microsecond kernel
 was kept by one compile and dropped by the next on the same host. Timings are cached with the
 dispatch timings (same host identity), keyed by the task, the record and the target.
 """
@@ -94,7 +94,7 @@ def _key(task_mod, record, target) -> str:
     """The dispatch timings' key (TVM version, host, threads) over the task and its record."""
     import tvm_ffi
 
-    from ..kernels.timing import cache_key
+    from ..timing import cache_key
 
     what = f"record {tvm_ffi.structural_hash(task_mod)}\n{record.trace}"
     return "record:" + cache_key(what, str(target), METHOD)
@@ -110,7 +110,7 @@ def prefer_default_where_faster(replay, hw, fused_mod, weight_prepack: bool = Fa
 
     from .. import pipeline
     from ..errors import TargetError
-    from ..kernels.timing import TimingCache, measure_paired, random_inputs, start_tvm_pool
+    from ..timing import TimingCache, measure_paired, random_inputs, start_tvm_pool
     from ..targets.registry import check_host_can_run
     from .tasks import extract_tasks
 

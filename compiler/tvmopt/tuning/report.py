@@ -83,7 +83,7 @@ def print_tune_result(result) -> None:
 def _print_load(result) -> None:
     """Warn where other processes kept cores busy while tune measured: its times (the
     default column, the estimates and the floor) then overstate what the kernels take."""
-    from ..kernels.timing import FOREIGN_LOAD_LIMIT
+    from ..timing import FOREIGN_LOAD_LIMIT
 
     what = {"defaults": "the default schedules", "search": "the search"}
     busy = {k: v for k, v in result.foreign_load.items() if v >= FOREIGN_LOAD_LIMIT}

@@ -1,6 +1,6 @@
 """The default schedule of each task, measured first and committed as a tuning record.
 
-tvmopt's default pipeline schedules every kernel with its CPU rules (kernels/cpu.py); those
+tvmopt's default pipeline schedules every kernel with its CPU rules (codegen/cpu.py); those
 schedules are traced, so each one is a MetaSchedule trace that replays on the task's PrimFunc.
 Committed to the database before the search, it is
 
@@ -51,7 +51,7 @@ def default_schedule(task, hw, target):
     from tvm import s_tir
 
     from .. import fallbacks
-    from ..kernels import cpu
+    from ..codegen import cpu
     from ..passes.schedule_guard import guarded
 
     func = task.mod["main"]

@@ -42,8 +42,8 @@ def default_schedule_ms(task: Task, target) -> float | None:
     import tvm
     from tvm.s_tir import dlight as dl
 
-    from ..kernels.cpu import default_rules
-    from ..kernels.timing import random_inputs, start_tvm_pool, time_call
+    from ..codegen.cpu import default_rules
+    from ..timing import random_inputs, start_tvm_pool, time_call
 
     start_tvm_pool()  # ranked as the artifact would run them
     try:

@@ -123,17 +123,17 @@ def fused_module(model_path: str, shapes: dict, hw, weight_prepack: bool = False
     target = hw.to_tvm()
     compute = library_compute(hw, precision) if dispatch != "codegen" else ("fp32",)
     gated = gated or GateOutcome()
+    db, db_id = database if database is not None else (None, "")
     cfg = pipeline.PipelineConfig(weight_prepack=weight_prepack, dispatch=dispatch, hw=hw,
                                   library_compute=("fp32",) if gated.all_fp32 else compute,
-                                  fp32_only=frozenset(gated.fp32_only), pinned_library=pinned)
-    if database is not None:
-        cfg.database, cfg.database_id = database
-    mod, _ = fuse_and_plan(imported.mod, target, hw, cfg, precision)
+                                  fp32_only=frozenset(gated.fp32_only), pinned_library=pinned,
+                                  database=db, database_id=db_id)
+    front = fuse_and_plan(imported.mod, target, hw, cfg, precision)
     if notes is not None:
-        notes.extend(cfg.notes)
+        notes.extend(front.records.notes)
     if pipeline_opts is not None:
-        pipeline_opts.update(pipeline_options(cfg, precision))
-    return mod, imported, cfg.dispatch_choices
+        pipeline_opts.update(pipeline_options(front.cfg, precision))
+    return front.fused, imported, front.records.choices
 
 
 @dataclass
@@ -440,7 +440,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
     from .. import stage
     from ..files import sha256_file
     from ..front import options_differ
-    from ..kernels.timing import ForeignLoad, start_tvm_pool
+    from ..timing import ForeignLoad, start_tvm_pool
 
     start_tvm_pool()  # the front half's dispatch and the task ranking time kernels on it
 
@@ -619,7 +619,7 @@ def tune(opts: TuneOptions, console=None) -> TuneResult:
 def _measure_defaults(tasks, db, hw, target, runner, result, console) -> None:
     """Measure (and commit as records) the default schedules of `tasks` into result.seeds,
     with the CPU load other processes put on the cores meanwhile."""
-    from ..kernels.timing import ForeignLoad
+    from ..timing import ForeignLoad
     from .seed import seed_defaults
 
     with ForeignLoad() as load:

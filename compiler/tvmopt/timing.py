@@ -1,6 +1,6 @@
 """Timing built kernels on this host: the one measurement module of the compile-time choices.
 
-The per-kernel dispatch (kernels.dispatch), the tuned-record check (tuning.prefer) and the task
+The per-kernel dispatch (precision.choice), the tuned-record check (tuning.prefer) and the task
 ranking of `tune --tasks slowest:N` (tuning.select) all time a kernel the same way: random
 inputs for its parameters, a warm-up call, then the best of several batched samples. A sample
 is only as good as the machine was quiet while it ran, so each measurement also reports the CPU
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import cache_root
+from .files import cache_root
 
 CACHE_NAME = "dispatch-timings.json"
 # Changes when the way kernels are timed changes, so older cached timings are not reused.
@@ -87,9 +87,9 @@ def codegen_id() -> str:
     """A hash of the code that decides what the codegen side compiles to (the default
     schedules, the pipeline, its passes, the recurrent loop kernels): a timing measured before
     they changed is stale."""
-    pkg = Path(__file__).resolve().parent.parent
+    pkg = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for f in sorted([*pkg.joinpath("kernels").glob("*.py"), pkg / "pipeline.py",
+    for f in sorted([*pkg.joinpath("codegen").glob("*.py"), pkg / "pipeline.py",
                      *pkg.joinpath("passes").glob("*.py"),
                      pkg / "frontend" / "onnx_ops" / "rnn_loop.py"]):
         h.update(f.read_bytes())

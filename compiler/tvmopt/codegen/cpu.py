@@ -39,14 +39,6 @@ from .. import fallbacks
 _DEBUG = os.environ.get("TVMOPT_DEBUG_RULES", "") not in ("", "0")
 
 
-def _fell_through(rule, func, err):
-    """Record that `rule` raised on `func` and decline it, so the next rule gets the kernel."""
-    if _DEBUG:
-        traceback.print_exc()
-    fallbacks.record("schedule_rule", fallbacks.kernel_name(func), err, rule=type(rule).__name__)
-    return None
-
-
 # ---------------------------------------------------------------------------------------
 # Target description
 # ---------------------------------------------------------------------------------------
@@ -72,7 +64,9 @@ def _isa_vector_bits(target: Target) -> int | None:
         try:
             if llvm_cpu_has_features(feature, target):
                 return bits
-        except Exception:  # pylint: disable=broad-except - LLVM built without that backend
+        except RuntimeError:
+            # LLVM built without the triple's backend: TVM's LOG(FATAL), an InternalError
+            # (a RuntimeError). This feature cannot be asked about; the next one may.
             continue
     return None
 
@@ -173,7 +167,9 @@ def _unknown_isa_bits(target: Target, arch: str) -> int:
         return 128
     try:
         bits = int(llvm_get_vector_width(target))
-    except Exception:  # pylint: disable=broad-except - not an LLVM target
+    except RuntimeError:
+        # LLVM built without the triple's backend (TVM's InternalError, a RuntimeError): no
+        # width from LLVM. A non-LLVM target is no error: LLVM answers -1.
         bits = 0
     return bits if bits > 0 else 128
 
@@ -389,7 +385,7 @@ def _inline_spatial_producers(sch, blocks, keep):
                 remaining.append(info)
                 continue
             sch.compute_inline(info.block_rv)
-        except Exception:  # pylint: disable=broad-except
+        except s_tir.ScheduleError:  # TVM refuses to inline this block: it stays in place
             remaining.append(info)
     return remaining
 
@@ -469,7 +465,13 @@ class _LLVMRule(ScheduleRule):
         try:
             return self._apply(func, target)
         except Exception as err:  # pylint: disable=broad-except
-            return _fell_through(self, func, err)
+            # A rule's own code and TVM's primitives raise any type; whatever it is, the kernel
+            # passes to the next rule and the fallback is recorded.
+            if _DEBUG:
+                traceback.print_exc()
+            fallbacks.record("schedule_rule", fallbacks.kernel_name(func), err,
+                             rule=type(self).__name__)
+            return None
 
     def _apply(self, func, target):
         raise NotImplementedError
@@ -549,7 +551,7 @@ class ContractionRule(_LLVMRule):
             # the padding too.
             try:
                 sch.pad_einsum(c.block, padding)
-            except Exception:  # pylint: disable=broad-except - not an einsum (conv): as it is
+            except s_tir.ScheduleError:  # not an einsum (a conv): scheduled unpadded
                 return self._schedule(s_tir.Schedule(func), func, target, pad=False)
             return self._schedule(sch, func, target, pad=False)
 
@@ -898,7 +900,7 @@ class RowReductionRule(_VectorRule):
                 break
             try:
                 sch.compute_inline(prev)
-            except Exception:  # pylint: disable=broad-except - not inlinable: computed apart
+            except s_tir.ScheduleError:  # TVM refuses to inline it: computed apart
                 break
             blocks = sch.get_child_blocks(sch.get_sblock("root"))
         loops = sch.get_loops(blocks[-1])

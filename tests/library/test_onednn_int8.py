@@ -14,7 +14,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-od = pytest.importorskip("tvmopt.kernels.onednn")
+from tests.onednn_required import require_onednn
+from tvmopt.library import onednn as od
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,10 +25,7 @@ def int8_host():
     why = od.int8_unavailable(host_cpu_features())
     if why:
         pytest.skip(f"this host has {why}")
-    try:
-        od.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    require_onednn()
 
 
 rng = np.random.default_rng(0)
@@ -129,8 +127,9 @@ def compile_library(model):
 
     target = host_target().to_tvm()
     cfg = pipeline.PipelineConfig(dispatch="library")
-    mod = pipeline.optimize(import_onnx(model).mod, target, cfg, until="dispatch")
-    return mod, pipeline.build(mod, target, cfg=cfg, start_after="dispatch"), cfg
+    optimized = pipeline.optimize(import_onnx(model).mod, target, cfg, until="dispatch")
+    mod = optimized.mod
+    return mod, pipeline.build(mod, target, cfg=cfg, start_after="dispatch"), optimized.records
 
 
 @pytest.mark.parametrize("case", [qdq_cnn, qdq_mlp], ids=["conv", "matmul"])
@@ -139,12 +138,12 @@ def test_qdq_chain_is_one_int8_call_and_matches_onnxruntime(case):
     from tvm import relax
 
     model, inputs, calls, out_scale = case()
-    mod, ex, cfg = compile_library(model)
+    mod, ex, records = compile_library(model)
     text = mod.script(show_meta=False)
     func = od.QCONV_FUNC if case is qdq_cnn else od.QMATMUL_FUNC
     assert text.count(f'R.call_dps_packed("{func}"') == calls
     assert od.CONV_FUNC + '"' not in text and od.MATMUL_FUNC + '"' not in text
-    assert all(c.quantized and c.precision == "int8" for c in cfg.dispatch_choices)
+    assert all(c.quantized and c.precision == "int8" for c in records.choices)
     ref = ort.InferenceSession(model.SerializeToString(),
                                providers=["CPUExecutionProvider"]).run(None, inputs)[0]
     vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -161,15 +160,15 @@ def test_without_vnni_the_qdq_graph_keeps_fp32_library_kernels(monkeypatch):
 
     monkeypatch.setattr(registry, "host_cpu_features", lambda: {"avx2", "fma"})
     model, _, _, _ = qdq_cnn()
-    mod, _, cfg = compile_library(model)
+    mod, _, records = compile_library(model)
     text = mod.script(show_meta=False)
     assert od.QCONV_FUNC not in text and text.count(f'"{od.CONV_FUNC}"') == 3
-    assert any("int8 dot-product" in n for n in cfg.notes)
+    assert any("int8 dot-product" in n for n in records.notes)
 
 
 def test_decision_reports_int8_chosen_for_the_library_workloads():
     from tvmopt.precision.schemes import SCHEMES, Context
-    from tvmopt.kernels.dispatch import Choice
+    from tvmopt.precision.choice import Choice
     from tvmopt.targets.registry import get_target
 
     hw = get_target("x86-sapphirerapids")
@@ -193,7 +192,7 @@ def test_int8_groups_given_back_to_codegen_leave_the_qdq_graph_as_it_was():
 
     model, _, _, _ = qdq_cnn()
     cfg = pipeline.PipelineConfig(dispatch="library")
-    mod = pipeline.optimize(import_onnx(model).mod, host_target().to_tvm(), cfg, until="layout")
+    mod = pipeline.optimize(import_onnx(model).mod, host_target().to_tvm(), cfg, until="layout").mod
     before = mod["main"].script(show_meta=False)
     part = od.partition(mod, int8=True)
     assert len(od.composites(part)) == 3
@@ -277,7 +276,7 @@ def test_consecutive_int8_convs_pass_8bit_tensors_and_match_onnxruntime(tmp_path
 
     path = qdq_depthwise_cnn(tmp_path)
     model = onnx.load(path)
-    mod, ex, cfg = compile_library(model)
+    mod, ex, records = compile_library(model)
     text = mod["main"].script(show_meta=False)
     calls = [ln for ln in text.splitlines() if f'"{od.QCONV_FUNC}"' in ln]
     assert len(calls) == sum(n.op_type == "Conv" for n in model.graph.node) == 4
@@ -285,7 +284,7 @@ def test_consecutive_int8_convs_pass_8bit_tensors_and_match_onnxruntime(tmp_path
     assert calls[0].count("(x,") == 1  # the graph input, quantized in the call
     # Left to TVM: the dequantize before the pooling and the output's QDQ pair only.
     assert text.count("R.quantize(") == 1 and text.count("R.dequantize(") == 2
-    assert all(c.quantized and c.precision == "int8" for c in cfg.dispatch_choices)
+    assert all(c.quantized and c.precision == "int8" for c in records.choices)
     inputs = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
     out_q = next(n for n in reversed(model.graph.node) if n.op_type == "QuantizeLinear")
     scale = float(next(numpy_helper.to_array(i) for i in model.graph.initializer
@@ -309,7 +308,7 @@ def test_8bit_chain_given_back_to_codegen_is_the_qdq_graph_again(tmp_path):
 
     model = onnx.load(qdq_depthwise_cnn(tmp_path))
     cfg = pipeline.PipelineConfig(dispatch="library")
-    mod = pipeline.optimize(import_onnx(model).mod, host_target().to_tvm(), cfg, until="layout")
+    mod = pipeline.optimize(import_onnx(model).mod, host_target().to_tvm(), cfg, until="layout").mod
     before = mod["main"].script(show_meta=False)
     part = od.partition(mod, int8=True)
     names = sorted(str(f.attrs["Composite"]) for f in od.composites(part).values())

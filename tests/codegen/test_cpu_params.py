@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tvmopt.kernels.cpu import CPUParams, register_tile
+from tvmopt.codegen.cpu import CPUParams, register_tile
 from tvmopt.targets.registry import get_target, load_targets, parse_target_file
 
 # preset -> (vector bits, vector registers) the name table gave: haswell is AVX2 (16 YMM),
@@ -44,7 +44,7 @@ def _as_host(monkeypatch, mcpu, flags):
     """Make detect_host() see a CPU LLVM calls `mcpu` with /proc/cpuinfo `flags`."""
     from tvm.target import codegen
 
-    from tvmopt.kernels import cpu
+    from tvmopt.codegen import cpu
     from tvmopt.targets import registry
 
     monkeypatch.setattr(codegen, "llvm_get_system_cpu", lambda: mcpu)

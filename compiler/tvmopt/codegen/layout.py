@@ -16,44 +16,8 @@ import tvm
 import tvm_ffi.structural
 from tvm import relax, topi
 
-
-def _const_array(e) -> np.ndarray | None:
-    """Value of a tensor constant (TVM 0.27 spells it GenericConst with a Tensor .value)."""
-    if isinstance(e, tvm.ir.expr.Constant) and isinstance(getattr(e, "value", None),
-                                                          tvm.runtime.Tensor):
-        return e.value.numpy()
-    return None
-
-
-def _scalar(e) -> float | None:
-    """The value of a one-element tensor constant or of a scalar (R.clip's bounds), else
-    None."""
-    arr = _const_array(e)
-    if arr is not None:
-        return float(arr.reshape(())) if arr.size == 1 else None
-    # R.prim_value(...) is an IntImm/FloatImm expression in 0.27.
-    if isinstance(e, tvm.ir.expr.Constant) and isinstance(getattr(e, "value", None),
-                                                          (int, float)):
-        return float(e.value)
-    return None
-
-
-def _f32_shape(expr) -> list | None:
-    """A float32 tensor's dims: ints where static, the PrimExpr where symbolic; None when the
-    rank is unknown or the tensor is not float32."""
-    sinfo = expr.ty
-    if not isinstance(sinfo, relax.TensorType) or sinfo.dtype != "float32":
-        return None
-    if sinfo.shape is None or not isinstance(sinfo.shape, relax.ShapeExpr):
-        return None
-    return [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in sinfo.shape.values]
-
-
-def _static_f32_shape(expr) -> list[int] | None:
-    dims = _f32_shape(expr)
-    if dims is None or not all(isinstance(d, int) for d in dims):
-        return None
-    return dims
+from .. import fallbacks
+from ..passes.values import const_array, f32_shape
 
 
 def _te_prim_func(name: str, x_ty, c):
@@ -85,10 +49,10 @@ class _LiftClip(relax.PyExprMutator):
         if (len(call.args) != 2 or not isinstance(args, relax.Tuple) or len(args.fields) != 2):
             return call
         x, c = args.fields
-        carr = _const_array(c)
+        carr = const_array(c)
         if carr is None or carr.size != 1 or carr.dtype != np.float32:
             return call
-        if _f32_shape(x) is None:  # static or symbolic: the reference is built on x's own type
+        if f32_shape(x) is None:  # static or symbolic: the reference is built on x's own type
             return call
         func = self.mod_[gv]
         for name, op in (("maximum", relax.op.maximum), ("minimum", relax.op.minimum)):
@@ -139,7 +103,8 @@ def channels_last(kernel_layout: str = "HWIO") -> list:
 
     Only modules with a conv2d (or a conv1d, made one first) change. ConvertLayout refuses some graphs (a match_cast of a
     data-dependent shape: "exactly one of the layouts is unknown") or makes an ill-formed
-    module of them (a free var after a match_cast); those keep their layout.
+    module of them (a free var after a match_cast); those keep their layout, recorded as a
+    fallback (tvmopt.fallbacks).
     """
     # conv2d_transpose / conv1d_transpose are pinned to NCHW / NCW: they would otherwise follow
     # their NHWC producer (a conv1d is a conv2d of height 1 here), and TVM's legalizer lowers
@@ -157,26 +122,26 @@ def channels_last(kernel_layout: str = "HWIO") -> list:
             return mod
         try:
             out = convert(mod)
-        except Exception:  # noqa: BLE001 - TVM raises InternalError subclasses
+        except Exception as err:  # noqa: BLE001 - TVM's passes raise any type
+            fallbacks.record("layout_rewrite", "tvmopt.ChannelsLast", err)
             return mod
         # ConvertLayout re-emits a match_cast whose layout does not change as it was, still
         # reading the var its operand had before that operand was re-emitted: the result reads
         # a var nothing defines, which code generation refuses ("Var lv34 is not defined").
         # wav2vec2's residual add, whose operands are asserted to one spelling of the frame
         # count (torch_program._agreeing_broadcasts), is one such graph; it keeps its layout.
-        return out if _well_formed(out) else mod
+        if _well_formed(out):
+            return out
+        fallbacks.record("layout_rewrite", "tvmopt.ChannelsLast",
+                         "relax.transform.ConvertLayout made an ill-formed module")
+        return mod
 
     return [channels_last_pass]
 
 
 def _well_formed(mod) -> bool:
-    """Every var defined before it is read. (TVM 0.27's well_formed returns nothing and
-    raises on the first violation; types are not checked.)"""
-    try:
-        relax.analysis.well_formed(mod, check_ty=False)
-    except Exception:  # noqa: BLE001 - the violation, as TVM's ValueError / InternalError
-        return False
-    return True
+    """Every var defined before it is read (types are not checked)."""
+    return bool(relax.analysis.check_well_formed(mod, check_ty=False))
 
 
 def _has_conv2d(mod) -> bool:
@@ -208,7 +173,7 @@ def _has_conv2d(mod) -> bool:
 
 
 def _scalar_param(e, dtypes) -> np.ndarray | None:
-    arr = _const_array(e)
+    arr = const_array(e)
     if arr is None or arr.size != 1 or arr.dtype.name not in dtypes:
         return None
     return arr.reshape(())
@@ -261,10 +226,7 @@ class _FoldQDQ(relax.PyExprMutator):
 
     def _value(self, e):
         if isinstance(e, relax.Var):
-            try:
-                return self.lookup_binding(e)
-            except Exception:  # noqa: BLE001 - a parameter
-                return None
+            return self.lookup_binding(e)  # None for a parameter: TVM returns it, raising nothing
         return e
 
     def _f32(self, e):

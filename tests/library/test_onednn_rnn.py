@@ -1,4 +1,4 @@
-"""Whole LSTM / GRU / RNN nodes on oneDNN's RNN primitives (kernels.onednn.lower_recurrent,
+"""Whole LSTM / GRU / RNN nodes on oneDNN's RNN primitives (library.onednn.lower_recurrent,
 through the pipeline's --dispatch library path), against onnxruntime or onnx.reference: both
 directions, sequence_lens (grouped by length, including 0), initial states present or not,
 batch-major layout, peepholes, GRU linear_before_reset both ways; what stays on the unrolled
@@ -14,16 +14,14 @@ from onnx.reference import ReferenceEvaluator
 from tests.harness import run_onnxruntime
 from tests.models import node_model
 
-od = pytest.importorskip("tvmopt.kernels.onednn")
+from tests.onednn_required import require_onednn
+from tvmopt.library import onednn as od
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module", autouse=True)
 def extension():
-    try:
-        od.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    require_onednn()
 
 
 def case(op, direction="forward", layout=0, lens=None, states=True, bias=True, peepholes=False,
@@ -73,14 +71,15 @@ def build(model, dispatch="library"):
     target = host_target().to_tvm()
     imported = import_onnx(model)
     cfg = pipeline.PipelineConfig(dispatch=dispatch)
-    mod = pipeline.optimize(imported.mod, target, cfg, until="dispatch")
+    optimized = pipeline.optimize(imported.mod, target, cfg, until="dispatch")
+    mod = optimized.mod
     vm = relax.VirtualMachine(pipeline.build(mod, target, cfg, start_after="dispatch"), tvm.cpu())
 
     def run(feeds):
         out = vm["main"](*[tvm.runtime.tensor(feeds[i.name]) for i in imported.inputs])
         return [o.numpy() for o in out]
 
-    return mod, run, cfg
+    return mod, run, cfg, optimized.records
 
 
 def library_calls(mod) -> int:
@@ -88,7 +87,7 @@ def library_calls(mod) -> int:
 
 
 def check(model, feeds, calls=1, reference=False, dispatch="library"):
-    mod, run, _ = build(model, dispatch)
+    mod, run, _, _ = build(model, dispatch)
     assert library_calls(mod) == (calls if dispatch == "library" else 0)
     want = (ReferenceEvaluator(model).run(None, feeds) if reference
             else run_onnxruntime(model, feeds))
@@ -152,7 +151,7 @@ def test_sequence_lens(op, direction, lens, dispatch):
 
 def test_sequence_lens_out_of_range_is_an_error():
     model, feeds = case("GRU", lens=[5, 6, 1])
-    _, run, _ = build(model)
+    _, run, _, _ = build(model)
     with pytest.raises(Exception, match=r"sequence_lens\[1\] = 6 is outside \[0, 5\]"):
         run(feeds)
 
@@ -163,7 +162,7 @@ def test_sequence_lens_out_of_range_is_an_error():
 def test_what_onednn_cannot_run_stays_unrolled(kw):
     op = "GRU"
     model, feeds = case(op, **kw)
-    mod, run, _ = build(model)
+    mod, run, _, _ = build(model)
     assert library_calls(mod) == 0
     from tvmopt.passes.recurrent import recurrent_functions
 
@@ -194,10 +193,10 @@ def test_codegen_dispatch_runs_the_loop_kernels():
     from tvmopt.runtime.in_memory import host_target
 
     model, feeds = case("LSTM", "bidirectional")
-    mod, run, cfg = build(model, dispatch="codegen")
+    mod, run, cfg, _ = build(model, dispatch="codegen")
     assert library_calls(mod) == 0
     fused = pipeline.optimize(mod, host_target().to_tvm(), cfg, start_after="dispatch",
-                              until="fastmath")
+                              until="fastmath").mod
     assert not recurrent_functions(fused)
     loops = [gv.name_hint for gv, f in fused.functions.items()
              if isinstance(f, tirx.PrimFunc) and "lstm_loop" in gv.name_hint]
@@ -209,7 +208,7 @@ def test_codegen_dispatch_runs_the_loop_kernels():
 def test_pinned_choices_skip_timing():
     """--require-db: the library calls the database was tuned with, nothing timed (a node
     the pinned set does not name runs as codegen)."""
-    from tvmopt.kernels.dispatch import choose_recurrent
+    from tvmopt.precision.choice import choose_recurrent
     from tvmopt.frontend.importer import import_onnx
     from tvmopt.runtime.in_memory import host_target
 
@@ -232,8 +231,8 @@ def test_auto_dispatch_times_both_sides(tmp_path, monkeypatch):
     the choice recorded with the conv2d/matmul ones and cached for the next compile."""
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path))
     model, feeds = case("GRU", "bidirectional", steps=3, linear_before_reset=1)
-    mod, run, cfg = build(model, dispatch="auto")
-    rnn = [c for c in cfg.dispatch_choices if c.kernel.startswith("rnn|GRU")]
+    mod, run, _, records = build(model, dispatch="auto")
+    rnn = [c for c in records.choices if c.kernel.startswith("rnn|GRU")]
     assert len(rnn) == 1 and rnn[0].library_ms > 0 and rnn[0].codegen_ms > 0
     assert library_calls(mod) == (rnn[0].choice == "library")
     for g, e in zip(run(feeds), run_onnxruntime(model, feeds), strict=True):
@@ -268,9 +267,9 @@ def test_symbolic_sequence_length_on_the_library(op, kw):
             dims[0].dim_param = "batch"
         elif inp.name.startswith("initial_"):
             dims[0 if layout else 1].dim_param = "batch"
-    mod, run, cfg = build(model, dispatch="auto")
+    mod, run, _, records = build(model, dispatch="auto")
     assert library_calls(mod) == 1
-    choice = next(c for c in cfg.dispatch_choices if c.kernel.startswith(f"rnn|{op}"))
+    choice = next(c for c in records.choices if c.kernel.startswith(f"rnn|{op}"))
     assert choice.choice == "library" and choice.reason == "run-time sequence length"
     for steps, batch in [(9, 2), (1, 1), (40, 3)]:
         _, feeds = case(op, steps=steps, batch=batch, seed=steps,
@@ -285,7 +284,8 @@ def test_an_untrusted_timing_keeps_the_node_on_the_library(tmp_path, monkeypatch
     """The unrolled body timed faster only on a loaded machine: the node stays one library
     call (the loop's many small kernels per step are what load slows most), and the choice
     says why; both sides were timed in alternating rounds."""
-    from tvmopt.kernels import dispatch, timing
+    from tvmopt.precision import choice
+    from tvmopt import timing
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path))
     order = []
@@ -294,12 +294,12 @@ def test_an_untrusted_timing_keeps_the_node_on_the_library(tmp_path, monkeypatch
         order.append(vm)
         return timing.Measurement(3.0 if len(order) % 2 else 1.0, 3.0, 1.5)
 
-    monkeypatch.setattr(dispatch, "measure_call", loaded)
+    monkeypatch.setattr(choice, "measure_call", loaded)
     model, feeds = case("GRU", "bidirectional", steps=3, linear_before_reset=1)
-    mod, run, cfg = build(model, dispatch="auto")
-    rnn = [c for c in cfg.dispatch_choices if c.kernel.startswith("rnn|GRU")]
+    mod, run, _, records = build(model, dispatch="auto")
+    rnn = [c for c in records.choices if c.kernel.startswith("rnn|GRU")]
     assert len(rnn) == 1 and rnn[0].choice == "library" and not rnn[0].trusted
     assert "not trusted" in rnn[0].reason and library_calls(mod)
-    assert len(order) == 2 * dispatch.SIDE_ROUNDS and order[0] == order[3] != order[1]
+    assert len(order) == 2 * choice.SIDE_ROUNDS and order[0] == order[3] != order[1]
     for g, e in zip(run(feeds), run_onnxruntime(model, feeds), strict=True):
         np.testing.assert_allclose(g, e, rtol=TOL, atol=TOL)

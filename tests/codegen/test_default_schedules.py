@@ -239,7 +239,7 @@ def _run(model, feeds, cfg):
 
     target = host_target().to_tvm()
     mod = import_onnx(model).mod
-    scheduled = pipeline.optimize(mod, target, cfg)
+    scheduled = pipeline.optimize(mod, target, cfg).mod
     ex = pipeline.build(mod, target, cfg)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()])
@@ -419,7 +419,7 @@ def test_a_ragged_token_count_is_padded_to_whole_vectors_and_rows():
     (32, 1, [1], (1, 1)),         # depthwise / pooling: no row axis
 ])
 def test_register_tile_leaves_room_for_the_weights_and_the_broadcast(regs, nvec, rows, expect):
-    from tvmopt.kernels.cpu import register_tile
+    from tvmopt.codegen.cpu import register_tile
 
     nv, rt = register_tile(nvec, rows, regs)
     assert (nv, rt) == expect
@@ -433,7 +433,7 @@ def test_only_rows_without_a_tile_divisor_are_padded(rows, padded):
     from tvm import te
     from tvm.target import Target
 
-    from tvmopt.kernels.cpu import CPUParams, MatmulRule
+    from tvmopt.codegen.cpu import CPUParams, MatmulRule
 
     a = te.placeholder((rows, 256), name="a")
     b = te.placeholder((256, 512), name="b")
@@ -502,7 +502,7 @@ def test_a_symbolic_softmax_row_sums_in_vector_partials_at_every_length():
     target = host_target().to_tvm()
     cfg = pipeline.PipelineConfig(dispatch="codegen")
     mod = import_onnx(softmax_symbolic_row_case()).mod
-    scheduled = pipeline.optimize(mod, target, cfg)
+    scheduled = pipeline.optimize(mod, target, cfg).mod
     rows = [f.script() for f in scheduled.functions.values()
             if isinstance(f, tvm.tirx.PrimFunc) and "T.axis.reduce" in f.script()]
     assert rows and all("_rf" in t and "T.vectorized" in t for t in rows), rows
@@ -565,7 +565,7 @@ def test_only_an_elementwise_kernel_worth_two_threads_runs_in_parallel(n, parall
     import tvm
 
     from tvmopt import pipeline
-    from tvmopt.kernels.cpu import SERIAL_ELEMENTS
+    from tvmopt.codegen.cpu import SERIAL_ELEMENTS
 
     assert (n > SERIAL_ELEMENTS) == parallel
     model = _model([helper.make_node("Add", ["x", "y"], ["a"]),

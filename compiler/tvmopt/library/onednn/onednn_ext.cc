@@ -1,7 +1,7 @@
 // tvm-ffi extension that runs conv2d / matmul through oneDNN, in fp32 or with bf16 compute,
 // and the int8 convolutions / matmuls of QDQ models.
 //
-// Calling convention (shared with kernels/onednn.py, keep in sync):
+// Calling convention (shared with library/onednn/, keep in sync):
 //   tvmopt.onednn.conv2d(data, weight, [bias], [residual], attrs, out)
 //   tvmopt.onednn.matmul(a, b, [bias], attrs, out)
 //   tvmopt.onednn.qconv2d(data, weight_s8, weight_scales, [bias], [residual], attrs, out)
@@ -1705,7 +1705,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
 // One call runs a whole ONNX node: the input projection of every step and both directions
 // (one GEMM inside oneDNN), then the recurrence with the gate GEMM, bias, activations and cell
 // update fused per step. Shapes are ONNX's time-major ones: x [T, B, I], h0 / c0 / y_h / y_c
-// [D, B, H], y [T, D, B, H]. The weights arrive already in oneDNN's logical order (kernels/
+// [D, B, H], y [T, D, B, H]. The weights arrive already in oneDNN's logical order (library/onednn/
 // onednn.py rearranges the ONNX constants at compile time): w_layer [1, D, I, G, H] and
 // w_iter [1, D, H, G, H] (ldigo), bias [1, D, Gb, H] (ldgo; lbr-GRU has a fourth gate row,
 // the recurrent bias of the candidate), peephole [1, D, 3, H] (gates i, f, o). They are

@@ -1,4 +1,4 @@
-"""kernels.timing: a measurement taken on a busy or noisy machine is re-timed, and if it stays
+"""timing: a measurement taken on a busy or noisy machine is re-timed, and if it stays
 untrusted it is used but never cached; --retime ignores the cache."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from tvmopt.kernels import timing
-from tvmopt.kernels.timing import Measurement, TimingCache
+from tests.onednn_required import require_onednn
+from tvmopt import timing
+from tvmopt.timing import Measurement, TimingCache
 
 
 def test_trust_needs_a_quiet_machine_and_close_samples():
@@ -51,29 +52,25 @@ def test_retime_ignores_the_cache_but_saves_the_new_timings(tmp_path):
 
 
 def test_untrusted_kernel_timings_are_not_cached_and_compile_says_so(tmp_path, monkeypatch):
-    onednn = pytest.importorskip("tvmopt.kernels.onednn")
-    try:
-        onednn.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    require_onednn()
     from tvmopt import pipeline
     from tvmopt.frontend.importer import import_onnx
-    from tvmopt.kernels import dispatch
+    from tvmopt.precision import choice
     from tvmopt.runtime.in_memory import host_target
 
-    from .test_onednn import _small_cnn
+    from ..library.test_onednn import _small_cnn
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
     busy = Measurement(1.0, 1.0, 1.7, timing.RETRIES + 1)
-    monkeypatch.setattr(dispatch, "measure_call", lambda vm, name, inputs, roof=None: busy)
+    monkeypatch.setattr(choice, "measure_call", lambda vm, name, inputs, roof=None: busy)
     import onnx
 
     mod = import_onnx(onnx.load(_small_cnn(tmp_path / "cnn.onnx"))).mod
     cfg = pipeline.PipelineConfig(dispatch="auto")
-    pipeline.optimize(mod, host_target().to_tvm(), cfg, until="dispatch")
-    assert cfg.dispatch_choices and not any(c.trusted for c in cfg.dispatch_choices)
-    assert all("1.70 cores" in c.note for c in cfg.dispatch_choices)
-    assert any("not cached" in n for n in cfg.notes)
+    records = pipeline.optimize(mod, host_target().to_tvm(), cfg, until="dispatch").records
+    assert records.choices and not any(c.trusted for c in records.choices)
+    assert all("1.70 cores" in c.note for c in records.choices)
+    assert any("not cached" in n for n in records.notes)
     saved = tmp_path / "cache" / timing.CACHE_NAME
     assert not saved.exists() or json.loads(saved.read_text()) == {}
 
@@ -82,7 +79,8 @@ def test_a_kernels_sides_are_retimed_in_turn_while_one_was_timed_under_load(monk
     """One side's timing hit by a burst of load (untrusted) sends every side of the kernel
     round again, in the other order, and each keeps its best trusted round: the burst cannot
     decide library against codegen on its own."""
-    from tvmopt.kernels import dispatch, timing
+    from tvmopt.precision import choice
+    from tvmopt import timing
 
     calls = []
     script = {("lib", 0): timing.Measurement(50.0, 60.0, 1.2),  # a loaded sample
@@ -95,35 +93,33 @@ def test_a_kernels_sides_are_retimed_in_turn_while_one_was_timed_under_load(monk
         calls.append(vm)
         return script[(vm, n)]
 
-    monkeypatch.setattr(dispatch, "measure_call", measure)
-    best = dispatch._time_sides({"lib": ("lib", [], None), "cg": ("cg", [], None)}, "k")
+    monkeypatch.setattr(choice, "measure_call", measure)
+    best = choice._time_sides({"lib": ("lib", [], None), "cg": ("cg", [], None)}, "k")
     assert calls == ["lib", "cg", "cg", "lib"]
     assert best["lib"].ms == 1.0 and best["lib"].trusted
     assert best["cg"].ms == 2.0
 
 
 def test_trusted_sides_are_timed_once(monkeypatch):
-    from tvmopt.kernels import dispatch, timing
+    from tvmopt.precision import choice
+    from tvmopt import timing
 
     calls = []
-    monkeypatch.setattr(dispatch, "measure_call", lambda vm, name, inputs, roof=None: (
+    monkeypatch.setattr(choice, "measure_call", lambda vm, name, inputs, roof=None: (
         calls.append(vm), timing.Measurement(1.0, 1.0, 0.0))[1])
-    dispatch._time_sides({"a": ("a", [], None), "b": ("b", [], None), "c": ("c", [], None)}, "k")
+    choice._time_sides({"a": ("a", [], None), "b": ("b", [], None), "c": ("c", [], None)}, "k")
     assert calls == ["a", "b", "c"]
 
 
 def test_an_untrusted_timing_keeps_the_library_call(tmp_path, monkeypatch):
     """Codegen that timed faster only on a loaded machine does not take a kernel from the
     library: the library call is what runs wherever the kernel lands in the model."""
-    pytest.importorskip("tvmopt.kernels.onednn")
     from tvmopt.interface.compile import CompileOptions, compile_model
-    from tvmopt.kernels import dispatch, onednn, timing
+    from tvmopt.precision import choice
+    from tvmopt import timing
 
-    try:
-        onednn.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
-    from ..kernels.test_onednn import _small_cnn
+    require_onednn()
+    from ..library.test_onednn import _small_cnn
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
     # every sample under load; per kernel two rounds: library, codegen, then codegen, library
@@ -135,7 +131,7 @@ def test_an_untrusted_timing_keeps_the_library_call(tmp_path, monkeypatch):
         v = next(ms)
         return timing.Measurement(v, v, 1.5)
 
-    monkeypatch.setattr(dispatch, "measure_call", measure)
+    monkeypatch.setattr(choice, "measure_call", measure)
     res = compile_model(CompileOptions(model=_small_cnn(tmp_path / "cnn.onnx"),
                                        output=str(tmp_path / "a"), target="host",
                                        dispatch="auto", precision="fp32"), log=lambda s: None)
@@ -179,21 +175,18 @@ def test_dispatch_gives_each_side_the_roof_of_its_precision(tmp_path, monkeypatc
     """The library sides get a floor at their precision's peak and a ceiling; the codegen side
     only a floor (an untuned loop nest may be far from peak); the roof's FLOPs are the
     kernel's."""
-    onednn = pytest.importorskip("tvmopt.kernels.onednn")
-    try:
-        onednn.load_extension()
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"oneDNN extension unavailable here: {err}")
+    require_onednn()
     from tvmopt import pipeline
     from tvmopt.frontend.importer import import_onnx
-    from tvmopt.kernels import dispatch
+    from tvmopt.precision import choice
     from tvmopt.runtime.in_memory import host_target
 
-    from .test_onednn import _small_cnn
+    from ..library.test_onednn import _small_cnn
 
-    peaks, _ = dispatch._host_figures()
+    peaks, _ = choice._host_figures()
     if "fp32" not in peaks:
-        pytest.skip("this host's target entry lists no fp32 peak")
+        pytest.skip(f"this host's CPU ({timing.host_id() or 'model unknown'}) has no fp32 peak "
+                    "in its target entry: no roofline to give the sides")
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TVM_NUM_THREADS", "1")
     seen = []
@@ -202,13 +195,13 @@ def test_dispatch_gives_each_side_the_roof_of_its_precision(tmp_path, monkeypatc
         seen.append(roof)
         return Measurement(1.0, 1.0, 0.0)
 
-    monkeypatch.setattr(dispatch, "measure_call", measure)
+    monkeypatch.setattr(choice, "measure_call", measure)
     import onnx
 
     mod = import_onnx(onnx.load(_small_cnn(tmp_path / "cnn.onnx"))).mod
     cfg = pipeline.PipelineConfig(dispatch="auto", library_compute=("fp32",))
-    pipeline.optimize(mod, host_target().to_tvm(), cfg, until="dispatch")
-    assert cfg.dispatch_choices and len(seen) == 2 * len(cfg.dispatch_choices)
+    records = pipeline.optimize(mod, host_target().to_tvm(), cfg, until="dispatch").records
+    assert records.choices and len(seen) == 2 * len(records.choices)
     lib, cg = seen[0::2], seen[1::2]  # per kernel: library (fp32), then codegen
     assert all(r is not None and r.ceiling_ms > r.floor_ms > 0 for r in lib)
     assert all(r is not None and r.ceiling_ms is None for r in cg)

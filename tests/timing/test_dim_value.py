@@ -13,7 +13,7 @@ from tests.models import conv_length_nodes
 def test_division_by_zero_at_the_sample_size_is_unknown():
     from tvm import tirx
 
-    from tvmopt.kernels.timing import dim_value
+    from tvmopt.timing import dim_value
 
     n = tirx.Var("samples", "int64")
     expr = tirx.floordiv(n * 4, tirx.Div(n, tirx.IntImm("int64", 5)))  # (4n) // trunc(n / 5)
@@ -49,5 +49,5 @@ def test_plan_of_a_reshape_by_a_length_that_is_zero_at_size_one(tmp_path):
     model.ir_version = 8
     hw = get_target("x86")
     cfg = pipeline.PipelineConfig(dispatch="codegen", hw=hw)
-    _, plan = fuse_and_plan(import_onnx(model).mod, hw.to_tvm(), hw, cfg, "fp32")
+    plan = fuse_and_plan(import_onnx(model).mod, hw.to_tvm(), hw, cfg, "fp32").plan
     assert plan.precision == "fp32" and plan.kernels

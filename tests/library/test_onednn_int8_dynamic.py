@@ -68,8 +68,10 @@ def _compile(path, dispatch, shapes=None):
 
     target = host_target().to_tvm()
     cfg = pipeline.PipelineConfig(dispatch=dispatch)
-    mod = pipeline.optimize(import_onnx(onnx.load(path), shapes).mod, target, cfg, until="dispatch")
-    return mod, pipeline.build(mod, target, cfg=cfg, start_after="dispatch"), cfg
+    optimized = pipeline.optimize(import_onnx(onnx.load(path), shapes).mod, target, cfg,
+                                  until="dispatch")
+    mod = optimized.mod
+    return mod, pipeline.build(mod, target, cfg=cfg, start_after="dispatch"), optimized.records
 
 
 def _check_against_onnxruntime(path, ex, x):
@@ -87,12 +89,12 @@ def _check_against_onnxruntime(path, ex, x):
 
 
 def test_mlp_integer_matmuls_are_int8_calls_and_match_onnxruntime(qmodel):
-    mod, ex, cfg = _compile(qmodel, "library", {"x": (4, 64)})
+    mod, ex, records = _compile(qmodel, "library", {"x": (4, 64)})
     text = mod.script(show_meta=False)
     assert text.count(f'R.call_dps_packed("{od.QMATMUL_FUNC}"') == 2
     assert 'R.matmul(' not in text and "R.quantize(" not in text  # min/max chain gone too
     assert all(c.dynamic and c.quantized and c.precision == "int8"
-               for c in cfg.dispatch_choices)
+               for c in records.choices)
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     got, ref = _check_against_onnxruntime(qmodel, ex, x)
     assert np.abs(got - ref).max() < 1e-4  # an MLP's ties are rare: the same numbers
@@ -126,7 +128,7 @@ def test_decision_reports_int8_chosen_for_the_dynamic_library_workloads(qmodel, 
 
 
 def test_scheme_text_counts_library_and_codegen_workloads():
-    from tvmopt.kernels.dispatch import Choice
+    from tvmopt.precision.choice import Choice
     from tvmopt.precision.schemes import SCHEMES, Context
     from tvmopt.targets.registry import get_target
 
@@ -149,10 +151,10 @@ def test_without_vnni_integer_matmuls_stay_off_the_int8_kernels(qmodel, monkeypa
     from tvmopt.targets import registry
 
     monkeypatch.setattr(registry, "host_cpu_features", lambda: {"avx2", "fma"})
-    mod, _, cfg = _compile(qmodel, "library", {"x": (4, 64)})
+    mod, _, records = _compile(qmodel, "library", {"x": (4, 64)})
     assert od.QMATMUL_FUNC not in mod.script(show_meta=False)
     assert any("dynamically quantized model" in n and "int8 dot-product" in n
-               for n in cfg.notes)
+               for n in records.notes)
 
 
 def test_fp32_rewrite_leaves_the_int8_library_matmuls_integer(qmodel):
@@ -165,7 +167,7 @@ def test_fp32_rewrite_leaves_the_int8_library_matmuls_integer(qmodel):
         cfg = pipeline.PipelineConfig(dispatch="library",
                                       precision_passes=[integer_matmul_to_fp32_pass(keep)])
         mod = pipeline.optimize(import_onnx(onnx.load(qmodel), {"x": (4, 64)}).mod,
-                                host_target().to_tvm(), cfg, until="precision")
+                                host_target().to_tvm(), cfg, until="precision").mod
         return mod.script(show_meta=False).count('out_dtype="int32"')
 
     assert int32_matmuls(False) == 0 and int32_matmuls(True) == 2
@@ -204,7 +206,7 @@ def test_cnn_conv_integers_are_int8_calls_and_match_onnxruntime(tmp_path):
 
     path = quantized_depthwise_cnn(tmp_path)
     ops = [n.op_type for n in onnx.load(path).graph.node]
-    mod, ex, cfg = _compile(path, "library")
+    mod, ex, records = _compile(path, "library")
     text = mod.script(show_meta=False)
     # Dense, depthwise and strided convolutions, and the head's MatMulInteger.
     assert text.count(f'R.call_dps_packed("{od.QCONV_FUNC}"') == ops.count("ConvInteger") == 4
@@ -214,7 +216,7 @@ def test_cnn_conv_integers_are_int8_calls_and_match_onnxruntime(tmp_path):
     assert "R.nn.conv2d(" not in text and "R.quantize(" not in text
     assert "R.permute_dims(" not in text and "R.max(" not in text
     assert all(c.dynamic and c.quantized and c.precision == "int8"
-               for c in cfg.dispatch_choices)
+               for c in records.choices)
     x = np.random.default_rng(2).standard_normal((1, 3, 16, 16)).astype(np.float32)
     _check_against_onnxruntime(path, ex, x)
 

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-od = pytest.importorskip("tvmopt.kernels.onednn")
+from tvmopt.library import onednn as od
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -65,7 +65,7 @@ def build_and_check(m, feeds, compute="fp32", tol=1e-4, also=()):
 
     target = host_target().to_tvm()
     cfg = pipeline.PipelineConfig(dispatch="library", library_compute=(compute,))
-    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
+    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch").mod
     text = mod.script(show_meta=False)
     calls = {f: text.count(f'R.call_dps_packed("{f}"') for f in (od.ATTN_FUNC, od.BMM_FUNC)}
     calls.update({t: text.count(t) for t in also})
@@ -94,7 +94,7 @@ def test_cross_attention_with_a_pretransposed_key_and_a_multiplied_scale():
 
 
 def test_long_attention_in_bf16():
-    from tvmopt.kernels.dispatch import host_has_bf16
+    from tvmopt.precision.choice import host_has_bf16
 
     if not host_has_bf16():
         pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
@@ -105,7 +105,7 @@ def test_long_attention_in_bf16():
 
 
 def test_long_cross_attention_in_bf16_with_a_pretransposed_key():
-    from tvmopt.kernels.dispatch import host_has_bf16
+    from tvmopt.precision.choice import host_has_bf16
 
     if not host_has_bf16():
         pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
@@ -161,7 +161,7 @@ def heads_attention(batch, seq, heads, d, causal=False, fused=False):
     ("fp32", 50, False, True), ("bf16", 600, False, False), ("bf16", 70, True, False),
     ("bf16", 520, True, True)])
 def test_head_split_and_merge_are_read_and_written_through_strides(compute, seq, causal, fused):
-    from tvmopt.kernels.dispatch import host_has_bf16
+    from tvmopt.precision.choice import host_has_bf16
 
     if compute == "bf16" and not host_has_bf16():
         pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
@@ -198,7 +198,7 @@ def test_symbolic_sequence_attention_is_one_call_at_every_length():
     m, _ = attention(shape, shape, shape)
     target = host_target().to_tvm()
     cfg = pipeline.PipelineConfig(dispatch="library")
-    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
+    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch").mod
     assert mod.script(show_meta=False).count(f'R.call_dps_packed("{od.ATTN_FUNC}"') == 1
     vm = relax.VirtualMachine(pipeline.build(mod, target, cfg=cfg, start_after="dispatch"),
                               tvm.cpu())
@@ -253,7 +253,7 @@ def test_masked_attention_is_one_call(mask):
 
 @pytest.mark.parametrize("length", [257, 700])  # one panel of scores; two, the mask over both
 def test_causal_attention_in_bf16(length):
-    from tvmopt.kernels.dispatch import host_has_bf16
+    from tvmopt.precision.choice import host_has_bf16
 
     if not host_has_bf16():
         pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")

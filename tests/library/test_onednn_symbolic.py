@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-od = pytest.importorskip("tvmopt.kernels.onednn")
+from tvmopt.library import onednn as od
 
 DIMS = [(1, 1), (1, 37), (3, 64), (2, 130)]  # (batch, seq) values each artifact is run at
 
@@ -42,7 +42,7 @@ def build_and_check(m, feeds_at, compute="fp32", tol=1e-4):
 
     target = host_target().to_tvm()
     cfg = pipeline.PipelineConfig(dispatch="library", library_compute=(compute,))
-    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
+    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch").mod
     text = mod.script(show_meta=False)
     calls = {f: text.count(f'R.call_dps_packed("{f}"')
              for f in (od.MATMUL_FUNC, od.BMM_FUNC, od.ATTN_FUNC)}
@@ -102,7 +102,7 @@ def test_attention_is_one_library_call_with_the_transpose_and_scale_folded_in():
 
 
 def test_attention_in_bf16():
-    from tvmopt.kernels.dispatch import host_has_bf16
+    from tvmopt.precision.choice import host_has_bf16
 
     if not host_has_bf16():
         pytest.skip("this host has no bf16 units (amx_bf16, avx512_bf16)")
@@ -125,7 +125,7 @@ def test_the_scale_of_scores_from_an_already_transposed_key_is_folded_in():
     calls = build_and_check(m, lambda b, s: {"q": rand(b, 2, s, 16), "kt": rand(b, 2, 16, s)})
     assert calls == {od.MATMUL_FUNC: 0, od.BMM_FUNC: 1, od.ATTN_FUNC: 0}
     cfg = pipeline.PipelineConfig(dispatch="library")
-    mod = pipeline.optimize(import_onnx(m).mod, host_target().to_tvm(), cfg, until="dispatch")
+    mod = pipeline.optimize(import_onnx(m).mod, host_target().to_tvm(), cfg, until="dispatch").mod
     assert "R.divide" not in mod.script(show_meta=False)
 
 
@@ -160,7 +160,7 @@ def _func_with(*shapes):
 
 
 def test_symbolic_dims_are_timed_at_their_bounds_capped_in_product():
-    from tvmopt.kernels.timing import SYMBOLIC_ROWS, timing_dims
+    from tvmopt.timing import SYMBOLIC_ROWS, timing_dims
 
     f = _func_with(["batch", "seq", 64])
     assert timing_dims(f, {"batch": (1, 8), "seq": (1, 32)}) == {"batch": 8, "seq": 32}
@@ -176,7 +176,7 @@ def test_symbolic_dims_are_timed_at_their_bounds_capped_in_product():
 def test_a_convolution_is_timed_at_a_batch_whose_pixels_fit_the_cap():
     """A convolution's rows are batch x pixels: a 48x48 map is 2304 rows an image, so a
     symbolic batch is timed at its lower bound, not at a batch of SYMBOLIC_ROWS images."""
-    from tvmopt.kernels.timing import SYMBOLIC_ROWS, timing_dims
+    from tvmopt.timing import SYMBOLIC_ROWS, timing_dims
 
     f = _func_with(["batch", 48, 48, 16])
     assert timing_dims(f, {}, image=True) == {"batch": 1}
@@ -210,7 +210,7 @@ def test_convolutions_on_a_symbolic_batch_are_library_calls(compute):
     from tvm import relax
 
     from tvmopt import pipeline
-    from tvmopt.kernels.dispatch import host_has_bf16
+    from tvmopt.precision.choice import host_has_bf16
     from tvmopt.frontend.importer import import_onnx
     from tvmopt.runtime.in_memory import host_target
 
@@ -219,7 +219,7 @@ def test_convolutions_on_a_symbolic_batch_are_library_calls(compute):
     m = cnn_block_model()
     target = host_target().to_tvm()
     cfg = pipeline.PipelineConfig(dispatch="library", library_compute=(compute,))
-    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
+    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch").mod
     text = mod.script(show_meta=False)
     assert text.count(f'R.call_dps_packed("{od.CONV_FUNC}"') == 3
     assert "R.call_tir" not in text  # the ReLU6s went into the calls as post-ops
@@ -247,7 +247,7 @@ def _window_rows_func():
 
 
 def test_distinct_dims_of_one_name_are_timed_apart_and_never_empty():
-    from tvmopt.kernels.timing import (SYMBOLIC_ROWS, dim_value, distinct_dim_names,
+    from tvmopt.timing import (SYMBOLIC_ROWS, dim_value, distinct_dim_names,
                                        random_inputs, timing_dims)
 
     f = distinct_dim_names(_window_rows_func())
@@ -266,7 +266,7 @@ def test_distinct_dims_of_one_name_are_timed_apart_and_never_empty():
 def test_dims_only_passed_as_values_are_capped_together():
     from tvm import relax, tirx
 
-    from tvmopt.kernels.timing import SYMBOLIC_ROWS, timing_dims
+    from tvmopt.timing import SYMBOLIC_ROWS, timing_dims
 
     m, n = tirx.Var("m", "int64"), tirx.Var("n", "int64")
     dims = relax.Var("dims", relax.ShapeType([m, n]))
@@ -278,7 +278,7 @@ def test_dims_only_passed_as_values_are_capped_together():
 def test_a_shape_with_a_zero_divisor_has_no_value():
     from tvm import tirx
 
-    from tvmopt.kernels.timing import dim_value
+    from tvmopt.timing import dim_value
 
     n, d = tirx.Var("n", "int64"), tirx.Var("d", "int64")
     expr = n // tirx.floordiv(d, 4)
@@ -297,7 +297,7 @@ def test_a_run_time_window_partition_is_timed_at_a_size_of_its_own(tmp_path, mon
 
     from tvmopt import pipeline
     from tvmopt.frontend.importer import import_onnx
-    from tvmopt.kernels import timing
+    from tvmopt import timing
     from tvmopt.runtime.in_memory import host_target
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
@@ -314,8 +314,8 @@ def test_a_run_time_window_partition_is_timed_at_a_size_of_its_own(tmp_path, mon
                "wt": rand(8, 8), "b": rand(8)})
     target = host_target().to_tvm()
     cfg = pipeline.PipelineConfig(dispatch="auto")
-    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
-    (choice,) = cfg.dispatch_choices
+    optimized = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
+    mod, (choice,) = optimized.mod, optimized.records.choices
     timed = dict(kv.split("=") for kv in choice.note.split("timed at ")[1].split(", "))
     assert len(timed) == 4 and all(int(v) >= 1 for v in timed.values())
     assert max(int(v) for v in timed.values()) <= timing.SYMBOLIC_ROWS
@@ -346,7 +346,7 @@ def test_conv1d_takes_the_2d_path_and_matches(dispatch, stride, pad, dil, group)
     m = model(nodes, [("x", [1, 8, 50])], inits)
     target = host_target().to_tvm()
     cfg = pipeline.PipelineConfig(dispatch=dispatch)
-    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch")
+    mod = pipeline.optimize(import_onnx(m).mod, target, cfg, until="dispatch").mod
     text = mod.script(show_meta=False)
     assert "R.nn.conv1d" not in text
     assert text.count(f'R.call_dps_packed("{od.CONV_FUNC}"') == (dispatch == "library")

@@ -8,11 +8,11 @@ each is timed as an exported artifact runs it. The fastest side wins; a library 
 the codegen kernel by `MARGIN` to be chosen, since it also costs a dispatch and a dependency.
 Timings are cached per (workload, target, TVM and extension version, codegen code, CPU model,
 threads), so a second compile of the same shapes does not re-time; a timing taken while the
-machine was busy is not cached (kernels.timing).
+machine was busy is not cached (timing).
 
-The module sits below the pipeline: `build` (module -> VM executable, the pipeline's codegen
-path) is passed in, and `library_passes` is the pipeline's dispatch phase as a function of the
-target returning passes.
+The module sits below the pipeline: the trial build (module -> VM executable on the default
+schedules) is passed in, and `dispatch` is the pipeline's dispatch step: it returns the module,
+the choices and the notes, and writes nothing else.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import fallbacks
 from ..errors import error_line
-from .timing import (TimingCache, cache_key, distinct_dim_names, measure_call, random_inputs,
+from ..timing import (TimingCache, cache_key, distinct_dim_names, measure_call, random_inputs,
                      roof, timing_dims)
 
 MARGIN = 0.95  # library chosen when library_ms < MARGIN * codegen_ms
@@ -84,9 +84,9 @@ def _call_sites(mod, groups) -> dict:
 
 def _kernel_function(func, args):
     """The composite as a plain function of its non-constant inputs, weights bound in."""
-    from .layout import _const_array
+    from ..passes.values import const_array
 
-    binds = {p: a for p, a in zip(func.params, args) if _const_array(a) is not None}
+    binds = {p: a for p, a in zip(func.params, args) if const_array(a) is not None}
     plain = func
     for attr in ("Composite", "Primitive"):
         if plain.attrs is not None and attr in plain.attrs:
@@ -119,7 +119,7 @@ def _loaded_like_an_artifact(executable, folder: str, name: str):
     `runtime.load` does, its TVM kernels on oneDNN's OpenMP team. Both sides are timed so:
     with either one on TVM's pool, the two pools take turns on the cores and small kernels
     measure the hand-over between pools rather than their own work."""
-    from . import onednn
+    from ..library import onednn
 
     path = os.path.join(folder, name)
     executable.export_library(path)
@@ -262,7 +262,7 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
     import tvm
     from tvm import relax
 
-    from . import onednn
+    from ..library import onednn
 
     # Timed with a value per dim name, so distinct dims need distinct names.
     groups = {gv: distinct_dim_names(f) for gv, f in onednn.composites(mod).items()}
@@ -429,95 +429,93 @@ def choose(mod, target, build_codegen, build_library, ext_id: str, force: str | 
     return keep, prec, choices
 
 
-# ------------------------------------------------------------------------ the pipeline's phase
-def library_passes(target, cfg, build_with, quiet) -> list:
-    """The library-dispatch phase for `target`, as apache/tvm's backend pipelines express
-    library dispatch: the passes that put conv2d/matmul chains on oneDNN where they time
-    faster (`cfg.dispatch` auto) or wherever oneDNN takes them (library); none for codegen or a
-    target that is not x86.
+# ------------------------------------------------------------------------ the pipeline's step
+def dispatches(target, mode: str) -> bool:
+    """Whether the dispatch step runs at all: `mode` (PipelineConfig.dispatch) is not
+    "codegen" and the target is x86, the library's architecture."""
+    return mode != "codegen" and is_x86(target)
+
+
+def dispatch(mod, target, cfg, trial_build) -> tuple[object, list, list[str]]:
+    """The pipeline's dispatch step: put whole recurrent nodes, then conv2d / matmul / attention
+    chains, on oneDNN where they time faster (`cfg.dispatch` auto) or wherever oneDNN takes
+    them (library), each in the precision chosen by timing; the rest stays codegen.
 
     Args:
-        cfg: the pipeline's PipelineConfig (read: dispatch, library_compute, fp32_only, retime,
-            database; written: dispatch_choices, notes).
-        build_with: (IRModule, **PipelineConfig overrides) -> VM executable on the default
+        cfg: the pipeline's PipelineConfig, read only (dispatch, library_compute, fp32_only,
+            retime, database, pinned_library, dim_upper_bounds).
+        trial_build: (IRModule, **PipelineConfig overrides) -> VM executable on the default
             schedules: how each side of a timing is built.
-        quiet: a context manager under which the timing builds are not recorded as this
-            compile's phases.
+
+    Returns:
+        (module, the Choice of every workload, notes for the user).
     """
-    import tvm
+    import platform
 
-    if cfg.dispatch == "codegen" or not is_x86(target):
-        return []
+    from ..library import onednn
+    from ..passes.recurrent import loop_and_inline, recurrent_functions
+    from ..targets.registry import host_cpu_features
 
-    def note(text):
-        if text not in cfg.notes:
-            cfg.notes.append(text)
+    notes: list[str] = []
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        # The extension is built for, and the kernels timed on, the build host.
+        notes.append(f"oneDNN dispatch needs an x86 build host (this is {platform.machine()}): "
+                     "default schedules used for every kernel")
+        fallbacks.record("library_unavailable", "oneDNN",
+                         f"the build host is {platform.machine()}, not x86")
+        return onednn.strip_qdq_weights(loop_and_inline(mod)), [], notes
+    try:
+        onednn.load_extension()
+    except Exception as err:  # noqa: BLE001 - a missing library falls back, recorded
+        reason = error_line(err)
+        notes.append(f"oneDNN unavailable ({reason}): default schedules used for every kernel")
+        fallbacks.record("library_unavailable", "oneDNN", reason)
+        return onednn.strip_qdq_weights(loop_and_inline(mod)), [], notes
+    force = "library" if cfg.dispatch == "library" else None
 
-    @tvm.transform.module_pass(opt_level=0, name="tvmopt.DispatchOneDNN")
-    def dispatch(mod, ctx):
-        from . import onednn
+    # Whole LSTM / GRU / RNN nodes first, so that bodies left to codegen are inlined before the
+    # partition and their input projections are offered to the library like any other matmul.
+    choices: list = []
+    if recurrent_functions(mod):
+        keep, choices = choose_recurrent(
+            mod, target, build_codegen=lambda m: trial_build(m), ext_id=onednn.extension_id(),
+            force=force, cache=TimingCache(read=not cfg.retime), pinned=cfg.pinned_library)
+        mod = loop_and_inline(onednn.lower_recurrent(mod, keep))
 
-        # The int8 weights noted in the simplify phase stay out of the build, whatever happens.
-        return onednn.strip_qdq_weights(_dispatch(mod))
-
-    def _dispatch(mod):
-        import platform
-
-        from ..targets.registry import host_cpu_features
-        from . import onednn
-
-        if platform.machine().lower() not in ("x86_64", "amd64"):
-            # The extension is built for, and the kernels timed on, the build host.
-            note(f"oneDNN dispatch needs an x86 build host (this is {platform.machine()}): "
-                 "default schedules used for every kernel")
-            fallbacks.record("library_unavailable", "oneDNN",
-                             f"the build host is {platform.machine()}, not x86")
-            return mod
-        try:
-            onednn.load_extension()
-        except Exception as err:  # noqa: BLE001 - a missing library falls back, never fails
-            reason = error_line(err)
-            note(f"oneDNN unavailable ({reason}): default schedules used for every kernel")
-            fallbacks.record("library_unavailable", "oneDNN", reason)
-            return mod
-        # int8 kernels are timed and run on this host: its CPU decides whether they are offered.
-        no_int8 = onednn.int8_unavailable(host_cpu_features())
-        if no_int8 and mod.get_attr(onednn.QDQ_WEIGHTS_ATTR):
-            note(f"QDQ model: this host has {no_int8}")
-        elif no_int8 and (onednn.has_integer_matmul(mod) or onednn.has_integer_conv(mod)):
-            note(f"dynamically quantized model: this host has {no_int8}")
-        part = onednn.partition(mod, int8=no_int8 is None)
-        compute = tuple(cfg.library_compute)
-        if "bf16" in compute and not host_has_bf16():
-            # Lower-precision kernels are chosen by timing them here: a build host without
-            # bf16 units cannot time them for a target that has some.
-            compute = tuple(c for c in compute if c != "bf16")
-            note("bf16 library kernels are chosen by timing on the build host, which has no "
-                 "bf16 units (amx_bf16, avx512_bf16): fp32 kept")
-        # With a database, a tuned kernel ships only where it beats the default schedule
-        # (tuning.prefer), so the codegen side is timed both ways and the faster counts.
-        codegen = {"default": lambda m: build_with(m)}
-        if cfg.database is not None:
-            codegen["tuned"] = lambda m: build_with(m, database=cfg.database,
-                                                    weight_prepack=cfg.weight_prepack)
-        with quiet():
-            keep, precision_of, cfg.dispatch_choices = choose(
-                part, target, build_codegen=codegen,
-                build_library=lambda m, c: build_with(onednn.lower(m, compute=c)),
-                ext_id=":".join(filter(None, [onednn.extension_id(), cfg.database_id])),
-                force="library" if cfg.dispatch == "library" else None,
-                cache=TimingCache(read=not cfg.retime), compute=compute,
-                fp32_only=cfg.fp32_only, bounds=_dim_bounds(mod, cfg.dim_upper_bounds),
-                pinned=cfg.pinned_library)
-        untrusted = [c for c in cfg.dispatch_choices if not c.trusted]
-        if untrusted:
-            note(f"{len(untrusted)} kernel timing(s) taken on a busy or noisy machine were not "
-                 f"cached ({untrusted[0].note.removeprefix('not cached: ')}); the next compile "
-                 "times them again")
-        return onednn.lower(part, keep, compute=precision_of)
-
-    before, after = recurrent_passes(target, cfg, build_with, quiet)
-    return [*before, dispatch, *after]
+    # int8 kernels are timed and run on this host: its CPU decides whether they are offered.
+    no_int8 = onednn.int8_unavailable(host_cpu_features())
+    if no_int8 and mod.get_attr(onednn.QDQ_WEIGHTS_ATTR):
+        notes.append(f"QDQ model: this host has {no_int8}")
+    elif no_int8 and (onednn.has_integer_matmul(mod) or onednn.has_integer_conv(mod)):
+        notes.append(f"dynamically quantized model: this host has {no_int8}")
+    part = onednn.partition(mod, int8=no_int8 is None)
+    compute = tuple(cfg.library_compute)
+    if "bf16" in compute and not host_has_bf16():
+        # Lower-precision kernels are chosen by timing them here: a build host without bf16
+        # units cannot time them for a target that has some.
+        compute = tuple(c for c in compute if c != "bf16")
+        notes.append("bf16 library kernels are chosen by timing on the build host, which has "
+                     "no bf16 units (amx_bf16, avx512_bf16): fp32 kept")
+    # With a database, a tuned kernel ships only where it beats the default schedule
+    # (tuning.prefer), so the codegen side is timed both ways and the faster counts.
+    codegen = {"default": lambda m: trial_build(m)}
+    if cfg.database is not None:
+        codegen["tuned"] = lambda m: trial_build(m, database=cfg.database,
+                                                 weight_prepack=cfg.weight_prepack)
+    keep, precision_of, chosen = choose(
+        part, target, build_codegen=codegen,
+        build_library=lambda m, c: trial_build(onednn.lower(m, compute=c)),
+        ext_id=":".join(filter(None, [onednn.extension_id(), cfg.database_id])), force=force,
+        cache=TimingCache(read=not cfg.retime), compute=compute, fp32_only=cfg.fp32_only,
+        bounds=_dim_bounds(mod, cfg.dim_upper_bounds), pinned=cfg.pinned_library)
+    choices = [*choices, *chosen]
+    untrusted = [c for c in choices if not c.trusted]
+    if untrusted:
+        notes.append(f"{len(untrusted)} kernel timing(s) taken on a busy or noisy machine were "
+                     f"not cached ({untrusted[0].note.removeprefix('not cached: ')}); the next "
+                     "compile times them again")
+    # The int8 weights noted in the simplify phase stay out of the build, whatever happens.
+    return onednn.strip_qdq_weights(onednn.lower(part, keep, compute=precision_of)), choices, notes
 
 
 def _dim_bounds(mod, upper: dict) -> dict[str, tuple[int, int]]:
@@ -559,12 +557,12 @@ def _recurrent_kernel(mod, gv, spec, args, library: bool):
     from tvm import relax
 
     from ..passes.recurrent import loop_and_inline
-    from .layout import _const_array
-    from .onednn import lower, lower_recurrent, partition
+    from ..passes.values import const_array
+    from ..library.onednn import lower, lower_recurrent, partition
 
-    params = [relax.Var(f"in{i}", a.ty) for i, a in enumerate(args) if _const_array(a) is None]
+    params = [relax.Var(f"in{i}", a.ty) for i, a in enumerate(args) if const_array(a) is None]
     it = iter(params)
-    call_args = [a if _const_array(a) is not None else next(it) for a in args]
+    call_args = [a if const_array(a) is not None else next(it) for a in args]
     kernel = tvm.IRModule({gv: mod[gv]})
     body = relax.Function(params, relax.Call(gv, call_args), mod[gv].ret_ty)
     kernel["main"] = body.with_attr("global_symbol", "main")
@@ -600,7 +598,7 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
     import tvm
     from tvm import relax
 
-    from . import onednn
+    from ..library import onednn
 
     ok, _ = onednn.recurrent_sites(mod)
     keep, choices = set(), []
@@ -669,48 +667,3 @@ def choose_recurrent(mod, target, build_codegen, ext_id: str, force: str | None 
                                   trusted=trusted, note=note))
     cache.save()
     return keep, choices
-
-
-def recurrent_passes(target, cfg, build_with, quiet) -> tuple[list, list]:
-    """The passes around the conv2d/matmul dispatch, as (before, after).
-
-    Before: whole LSTM / GRU / RNN nodes (the importer's recurrent bodies, passes.recurrent)
-    onto oneDNN's RNN primitives where they time faster than the loop kernels (`auto`) or
-    wherever oneDNN runs them (`library`), the others to their loop kernels. It runs before the
-    conv2d/matmul partition, so that bodies left to codegen are inlined first and their input
-    projections are offered to the library like any other matmul. After: their choices join
-    the conv2d/matmul ones in `cfg.dispatch_choices`."""
-    import tvm
-
-    from ..passes.recurrent import loop_and_inline, recurrent_functions
-
-    @tvm.transform.module_pass(opt_level=0, name="tvmopt.DispatchRecurrent")
-    def dispatch(mod, ctx):
-        from . import onednn
-
-        import platform
-
-        if not recurrent_functions(mod):
-            return mod
-        if platform.machine().lower() not in ("x86_64", "amd64"):
-            return loop_and_inline(mod)  # the conv2d/matmul pass notes why
-        try:
-            onednn.load_extension()
-        except Exception:  # noqa: BLE001 - the conv2d/matmul pass notes the missing library
-            return loop_and_inline(mod)
-        with quiet():
-            keep, choices = choose_recurrent(
-                mod, target, build_codegen=lambda m: build_with(m),
-                ext_id=onednn.extension_id(),
-                force="library" if cfg.dispatch == "library" else None,
-                cache=TimingCache(read=not cfg.retime), pinned=cfg.pinned_library)
-        found.extend(choices)
-        return loop_and_inline(onednn.lower_recurrent(mod, keep))
-
-    @tvm.transform.module_pass(opt_level=0, name="tvmopt.ReportRecurrent")
-    def report(mod, ctx):
-        cfg.dispatch_choices = [*cfg.dispatch_choices, *found]
-        return mod
-
-    found: list = []
-    return [dispatch], [report]

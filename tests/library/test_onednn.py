@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-od = pytest.importorskip("tvmopt.kernels.onednn")
+from tvmopt.library import onednn as od
 RTOL = ATOL = 1e-4
 
 
@@ -53,11 +53,11 @@ def run_case(name, model, inputs, expect, layout=None, nhwc=False):
     mod = import_onnx(model).mod
     if layout is None:
         cfg = pipeline.PipelineConfig(dispatch="library")
-        mod = pipeline.optimize(mod, target, cfg, until="dispatch")
+        mod = pipeline.optimize(mod, target, cfg, until="dispatch").mod
         rest = dict(cfg=cfg, start_after="dispatch")
     else:
         mod = od.dispatch_onednn(pipeline.optimize(mod, target, pipeline.PipelineConfig(
-            channels_last=False), until="simplify"), conv_layout=layout, nhwc=nhwc)
+            channels_last=False), until="simplify").mod, conv_layout=layout, nhwc=nhwc)
         rest = dict(cfg=pipeline.PipelineConfig(channels_last=False), start_after="dispatch")
     got = {f: count_packed(mod, f) for f in (od.CONV_FUNC, od.MATMUL_FUNC)}
     assert got == expect, f"{name}: expected calls {expect}, got {got}"
@@ -317,11 +317,12 @@ def _small_cnn(path):
 
 def test_auto_times_each_workload_once_then_reads_the_cache(tmp_path, monkeypatch):
     from tvmopt.interface.compile import CompileOptions, compile_model
-    from tvmopt.kernels import dispatch, timing
+    from tvmopt.precision import choice
+    from tvmopt import timing
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))  # extension already loaded
     # What is under test is the cache, not how quiet this machine is: every timing is trusted
-    # (tests/kernels/test_timing.py covers the untrusted ones).
+    # (tests/timing/test_timing.py covers the untrusted ones).
     monkeypatch.setattr(timing, "FOREIGN_LOAD_LIMIT", float("inf"))
     monkeypatch.setattr(timing, "CEILING_FLOORS", float("inf"))
     monkeypatch.setattr(timing, "SPREAD", float("inf"))
@@ -338,7 +339,7 @@ def test_auto_times_each_workload_once_then_reads_the_cache(tmp_path, monkeypatc
     assert sorted(c["sites"] for c in choices) == [1, 1, 2]
     for c in choices:
         assert c["library_ms"] > 0 and c["codegen_ms"] > 0 and not c["cached"]
-        faster = c["library_ms"] < dispatch.MARGIN * c["codegen_ms"]
+        faster = c["library_ms"] < choice.MARGIN * c["codegen_ms"]
         assert c["choice"] == ("library" if faster else "codegen")
     assert first["requires"] == (["onednn"] if any(c["choice"] == "library" for c in choices)
                                  else [])
@@ -413,7 +414,8 @@ def test_plan_shows_each_dispatch_choice_with_its_timings(tmp_path, monkeypatch)
 
     from tvmopt.interface.plan_model import plan_model
     from tvmopt.cli.main import main
-    from tvmopt.kernels import dispatch, timing
+    from tvmopt.precision import choice
+    from tvmopt import timing
     from tvmopt.targets.registry import get_target
 
     monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
@@ -426,7 +428,7 @@ def test_plan_shows_each_dispatch_choice_with_its_timings(tmp_path, monkeypatch)
     assert sorted(c["sites"] for c in p.dispatch) == [1, 1, 2]
     for c in p.dispatch:
         assert c["library_ms"] > 0 and c["codegen_ms"] > 0
-        faster = c["library_ms"] < dispatch.MARGIN * c["codegen_ms"]
+        faster = c["library_ms"] < choice.MARGIN * c["codegen_ms"]
         assert c["choice"] == ("library" if faster else "codegen")
     assert p.to_json()["dispatch"] == p.dispatch
     assert plan_model(model, get_target("x86")).dispatch == []  # codegen: nothing timed
@@ -491,11 +493,11 @@ def test_a_group_given_back_to_codegen_is_the_kernel_codegen_fuses():
     hw = get_target("x86")
     target = hw.to_tvm()
     cfg = pipeline.PipelineConfig(dispatch="codegen", hw=hw)
-    before = pipeline.optimize(import_onnx(model).mod, target, cfg, until="layout")
+    before = pipeline.optimize(import_onnx(model).mod, target, cfg, until="layout").mod
 
     def task_hashes(mod):
         fused = pipeline.optimize(mod, target, pipeline.PipelineConfig(dispatch="codegen", hw=hw),
-                                  start_after="dispatch", until="fuse")
+                                  start_after="dispatch", until="fuse").mod
         return sorted(tvm_ffi.structural_hash(t.mod) for t in extract_tasks(fused, target))
 
     part = od.partition(before)
