@@ -210,6 +210,7 @@ def dim_value(expr, dims: dict[str, int], unknown: set[str] | None = None) -> in
     whole expression then counts as 1.
     """
     from tvm import tirx
+    from tvm.error import InternalError
     from tvm.sym import Analyzer
 
     if isinstance(expr, int):
@@ -227,7 +228,7 @@ def dim_value(expr, dims: dict[str, int], unknown: set[str] | None = None) -> in
         analyzer.bind(var, tirx.const(int(dims.get(var.name, 1)), dtype))
     try:
         value = analyzer.simplify(expr)
-    except Exception:  # noqa: BLE001 - TVM's "Divide by zero": a divisor is 0 at these values
+    except InternalError:  # TVM's "Divide by zero" check: a divisor is 0 at these values
         value = None
     if hasattr(value, "value"):
         return int(value.value)

@@ -122,3 +122,35 @@ def test_summary_counts(records, text):
     from tvmopt.report import fallback_summary
 
     assert fallback_summary(records) == text
+
+
+def _conv(save):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])]
+    model = make_model(nodes, [vi("x", [1, 3, 8, 8])], [vi("y", [1, 4, 8, 8])],
+                       [const("w", rand(4, 3, 3, 3))])
+    return str(save(model, "conv"))
+
+
+@pytest.mark.parametrize("how", ["raises", "ill-formed"])
+def test_a_refused_layout_rewrite_is_recorded(save, tmp_path, monkeypatch, how):
+    import tvm
+
+    from tvmopt.codegen import layout
+
+    if how == "raises":
+        @tvm.transform.module_pass(opt_level=0, name="Refuse")
+        def refuse(mod, _ctx):
+            raise RuntimeError("traceback line\nexactly one of the layouts is unknown")
+
+        monkeypatch.setattr(tvm.relax.transform, "ConvertLayout", lambda desired: refuse)
+        reason = "exactly one of the layouts is unknown"
+    else:
+        monkeypatch.setattr(layout, "_well_formed", lambda mod: False)
+        reason = "relax.transform.ConvertLayout made an ill-formed module"
+
+    result, logged = _compile(_conv(save), tmp_path, dispatch="codegen")
+    got = [f for f in result.artifact.manifest["fallbacks"] if f["kind"] == "layout_rewrite"]
+    assert got == [{"kind": "layout_rewrite", "where": "tvmopt.ChannelsLast", "reason": reason,
+                    "instead": "the module keeps its imported layout (NCHW convolutions)"}]
+    assert any(line.startswith("fallback: layout rewrite tvmopt.ChannelsLast failed")
+               for line in logged), logged

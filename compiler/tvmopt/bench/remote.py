@@ -48,7 +48,9 @@ def connect(tracker: str, key: str, timeout_s: float = 30.0):
     while time.monotonic() < deadline:
         try:
             return client.request(key, priority=1, session_timeout=0, max_retry=1)
-        except Exception as err:  # noqa: BLE001
+        except (RuntimeError, OSError) as err:
+            # No server of `key` free yet (TrackerSession.request's RuntimeError) or the
+            # tracker's socket dropping: asked again until the deadline, the last one reported.
             last = err
             time.sleep(0.5)
     raise RemoteError(f"no RPC server with key '{key}' became free at {tracker} within "

@@ -179,7 +179,7 @@ def _schema(op_type: str, opset: int, domain: str = ""):
 
     try:
         return onnx.defs.get_schema(op_type, opset, domain)
-    except Exception:  # noqa: BLE001 - no schema: a contrib op
+    except onnx.defs.SchemaError:  # no schema: a contrib op, or none at this opset
         return None
 
 
@@ -194,7 +194,7 @@ def _is_default(schema, attr_proto) -> bool:
         return False  # no default in the spec: setting it always means something
     try:
         return helper.get_attribute_value(attr_proto) == helper.get_attribute_value(default)
-    except Exception:  # noqa: BLE001 - an unreadable value is not the default
+    except ValueError:  # onnx cannot read it (a reference attribute, an unknown type): not the default
         return False
 
 
@@ -203,7 +203,7 @@ def _show(attr_proto) -> str:
 
     try:
         value = helper.get_attribute_value(attr_proto)
-    except Exception:  # noqa: BLE001
+    except ValueError:  # onnx cannot read it (a reference attribute, an unknown type)
         return "?"
     if isinstance(value, bytes):
         value = value.decode(errors="replace")

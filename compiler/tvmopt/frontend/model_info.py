@@ -10,7 +10,7 @@ import numpy as np
 
 from ..files import sha256_file
 from ..tensor_info import TensorInfo
-from .onnx_model import graph_inputs, graph_outputs
+from .onnx_model import graph_inputs, graph_outputs, infer_shapes_or_as_is
 
 
 @dataclass
@@ -50,10 +50,7 @@ def _shape_map(model, dim_value: int) -> dict[str, tuple]:
         for d in vi.type.tensor_type.shape.dim:
             if not d.HasField("dim_value"):
                 d.dim_value = dim_value
-    try:
-        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    except Exception:
-        pass
+    m = infer_shapes_or_as_is(m, data_prop=True)
     shapes = {}
     for vi in list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output):
         tt = vi.type.tensor_type

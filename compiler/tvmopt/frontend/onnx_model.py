@@ -102,12 +102,29 @@ def nonfinite_weights(model) -> list[str]:
             continue
         try:
             a = numpy_helper.to_array(t).astype(np.float32)
-        except Exception:  # noqa: BLE001 - unreadable data is load_onnx's to refuse
+        except (ValueError, OSError, onnx.checker.ValidationError):
+            # Unreadable data (a value count its dims do not take, an external file missing or
+            # outside the model's folder) has no values to check; refusing it is load_onnx's.
             continue
         line = nonfinite_line(a, f"initializer '{t.name or '<constant>'}'")
         if line:
             out.append(line)
     return out
+
+
+def infer_shapes_or_as_is(model, data_prop: bool = False):
+    """`model` with ONNX shape inference's value_info, or `model` itself where inference
+    refuses it: every caller reads the types and shapes it finds and treats the rest as
+    unknown, so a refusal is the answer "nothing inferred"."""
+    import onnx
+    from google.protobuf.message import EncodeError
+
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, EncodeError):
+        # Inference's and onnx's checker's refusals, and a model over protobuf's 2 GB, which
+        # cannot be serialized for the C++ inference.
+        return model
 
 
 def nonfinite_line(a: np.ndarray, label: str) -> str | None:

@@ -116,7 +116,10 @@ def _import_quietly(module: str) -> bool:
         with _quiet():
             importlib.import_module(module)
         return True
-    except Exception:
+    except ImportError:  # not installed: the caller says the class is not registered
+        return False
+    except Exception as err:  # noqa: BLE001 - a package's own import code raises any type
+        warnings.warn(f"tvmopt: importing {module} failed: {error_line(err)[:200]}")
         return False
 
 
@@ -166,7 +169,7 @@ def output_names(ep) -> list[str]:
     try:
         spec = ep.call_spec.out_spec
         leaves = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(n)), spec))[0]
-    except Exception:
+    except (TypeError, ValueError):  # no spec, or one that does not hold n leaves: plain names
         leaves = []
     if len(leaves) != n:
         return list(ep.graph_signature.user_outputs)
@@ -204,24 +207,28 @@ def _decompose(ep, convert_map=None):
     (Taking a program that torch cannot re-trace at all as exported, in training IR, gave wrong
     results on a DeepLabV3: it stays refused.)
     """
+    def refused(err):
+        return ImportFailure(f"torch could not decompose the program to core ATen: "
+                             f"{error_line(err)[:300]}")
+
     _symbol_keyed_ranges(ep)
+    # torch's tracer and decompositions raise any type on a program they cannot take.
     try:
         with _quiet():
             return ep.run_decompositions()
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - retried below with TVM's own ops left whole
+        if not convert_map:
+            raise refused(err) from None
         first = err
-    if convert_map:
-        import torch
+    import torch
 
-        table = {op: fn for op, fn in torch.export.default_decompositions().items()
-                 if getattr(op, "__name__", str(op)) not in convert_map}
-        try:
-            with _quiet():
-                return ep.run_decompositions(table)
-        except Exception:  # noqa: BLE001 - the first failure is the one to report
-            pass
-    raise ImportFailure(f"torch could not decompose the program to core ATen: "
-                        f"{error_line(first)[:300]}") from None
+    table = {op: fn for op, fn in torch.export.default_decompositions().items()
+             if getattr(op, "__name__", str(op)) not in convert_map}
+    try:
+        with _quiet():
+            return ep.run_decompositions(table)
+    except Exception:  # noqa: BLE001 - the first failure is the one to report
+        raise refused(first) from None
 
 
 def _symbol_keyed_ranges(ep) -> None:
@@ -235,10 +242,9 @@ def _symbol_keyed_ranges(ep) -> None:
 
     try:
         from torch._export.utils import _get_shape_env_from_gm
-
-        shape_env = _get_shape_env_from_gm(ep.graph_module)
-    except Exception:  # noqa: BLE001 - a private torch helper: without it, nothing to clean
+    except ImportError:  # a private torch helper, gone in this torch: nothing to clean
         return
+    shape_env = _get_shape_env_from_gm(ep.graph_module)
     for table in ("var_to_range", "var_to_range_sloc"):
         ranges = getattr(shape_env, table, None)
         if isinstance(ranges, dict):
@@ -913,5 +919,5 @@ def _flops(ep, inputs: list[TensorInfo]) -> tuple[int, str]:
                 flat_callable(ep)(*args)
         del mode
         return int(counter.get_total_flops()), note
-    except Exception as err:
-        return 0, f"FLOPs not counted ({error_line(err)[:80]})"
+    except Exception as err:  # noqa: BLE001 - fake tensors raise any type on an op they lack
+        return 0, f"FLOPs not counted ({error_line(err)[:80]})"  # the reason is in the note

@@ -360,7 +360,9 @@ def check_host_can_run(device: str, arch: str, features: list[str] | tuple[str, 
             import tvm
 
             ok = tvm.device(device, 0).exist
-        except Exception:
+        except (ImportError, ValueError, RuntimeError):
+            # No TVM, a device name TVM does not know ("Unknown device": ValueError), or a
+            # device runtime that fails to start (TVM's errors are RuntimeErrors): no device.
             ok = False
         if not ok:
             raise TargetError(f"artifact targets a {device} device, and this host has none",

@@ -49,6 +49,13 @@ def _read_lines(path: Path) -> list[str]:
     return path.read_text(errors="replace").splitlines()
 
 
+# What a line that does not load raises: JSON that does not parse (ValueError), a value of the
+# wrong shape or type (ValueError, TypeError, KeyError, IndexError, unpacking and indexing it),
+# and TVM's from_json refusing it (an ICHECK: InternalError, a RuntimeError; or TypeError).
+# Such a line is dropped and counted in the SanitizeReport.
+_UNLOADABLE = (ValueError, TypeError, KeyError, IndexError, RuntimeError)
+
+
 def sanitize_files(src: Path, dst: Path) -> SanitizeReport:
     """Copy a database's two files from `src` to `dst` keeping only lines that load.
 
@@ -67,7 +74,7 @@ def sanitize_files(src: Path, dst: Path) -> SanitizeReport:
             continue
         try:
             wl = ms.database.Workload.from_json(json.loads(line))
-        except Exception:
+        except _UNLOADABLE:
             rep.bad_workload_lines += 1
             continue
         index_map[i] = len(kept_wl)
@@ -81,7 +88,7 @@ def sanitize_files(src: Path, dst: Path) -> SanitizeReport:
             idx, rec = json.loads(line)
             new_idx = index_map[int(idx)]
             ms.database.TuningRecord.from_json(rec, workloads[new_idx])
-        except Exception:
+        except _UNLOADABLE:
             rep.bad_record_lines += 1
             continue
         kept_rec.append(json.dumps([new_idx, rec]))

@@ -146,8 +146,10 @@ class CtrlC:
             os.write(fd, show_cursor + msg.encode())
         except OSError:
             pass
-        _kill_children()
-        os._exit(130)
+        try:
+            _kill_children()
+        finally:
+            os._exit(130)  # whatever killing the workers raised, the process quits
 
     # -------------------------------------------------------------- safe points
     def checkpoint(self, current_task: int | None = None) -> None:
@@ -256,13 +258,14 @@ class CtrlC:
 
 def _kill_children():
     """Kill this process's worker processes (a hard exit must not leave them running)."""
-    try:
-        import psutil
+    import psutil
 
-        for child in psutil.Process().children(recursive=True):
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-    except Exception:  # best effort: nothing here may keep the process from exiting
-        pass
+    try:
+        children = psutil.Process().children(recursive=True)
+    except (psutil.Error, OSError):  # the process table cannot be read here: none to kill
+        return
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:  # it has exited already, or is not this user's to kill
+            pass

@@ -14,6 +14,7 @@ compile host (tuning/prefer.py); this only keeps `tune` from promising more than
 from __future__ import annotations
 
 import statistics
+import warnings
 from dataclasses import dataclass
 
 ROUNDS = 3
@@ -41,6 +42,7 @@ def retime(tasks, results, db, hw, target, builder, runner) -> dict[int, SideByS
     from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
 
+    from ..errors import error_line
     from .seed import default_schedule
 
     device = "cpu" if target.kind.name == "llvm" else str(target.kind.name)
@@ -55,8 +57,11 @@ def retime(tasks, results, db, hw, target, builder, runner) -> dict[int, SideByS
             best = s_tir.Schedule(task.mod)
             rec.trace.apply_to_schedule(best, remove_postproc=False)
             default, _ = default_schedule(task, hw, target)
-        except Exception:  # pylint: disable=broad-except
-            continue  # the report keeps the search's figures for it
+        except Exception as err:  # pylint: disable=broad-except - a trace replay raises any type
+            # The report keeps the search's figures for it; the warning says why.
+            warnings.warn(f"tvmopt: {task.name} not timed side by side with its default "
+                          f"schedule: {error_line(err)}")
+            continue
         todo.append((i, [best.mod, default.mod]))
     if not todo:
         return {}

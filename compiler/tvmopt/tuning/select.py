@@ -8,6 +8,7 @@ as `compile` builds it) and keeps the N with the largest time x calls per infere
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,7 @@ def default_schedule_ms(task: Task, target) -> float | None:
     from tvm.s_tir import dlight as dl
 
     from ..codegen.cpu import default_rules
+    from ..errors import error_line
     from ..timing import random_inputs, start_tvm_pool, time_call
 
     start_tvm_pool()  # ranked as the artifact would run them
@@ -54,7 +56,10 @@ def default_schedule_ms(task: Task, target) -> float | None:
         args = [tvm.runtime.tensor(a, dev)
                 for a in random_inputs(mod["main"], np.random.default_rng(0))]
         return time_call(lib, "main", args)
-    except Exception:  # pylint: disable=broad-except
+    except Exception as err:  # pylint: disable=broad-except - building and running raise any type
+        # The task ranks after every timed one (slowest); the warning says why it is untimed.
+        warnings.warn(f"tvmopt: {task.name} not timed on its default schedule: "
+                      f"{error_line(err)}")
         return None
 
 

@@ -81,8 +81,8 @@ def cast(bb, inputs, attr, params, opset):
             return out
     try:
         dst = str(helper.tensor_dtype_to_np_dtype(attr["to"]))
-    except Exception:  # noqa: BLE001 - leave unknown codes to TVM's converter
-        dst = None
+    except (KeyError, TypeError):  # no `to`, or a code onnx has no numpy type for
+        dst = None  # TVM's converter reports it
     _check(_dtype_name(inputs[0]), dst)
     return tvm_converter("Cast", opset)(bb, inputs, attr, params)
 

@@ -209,8 +209,4 @@ def _is_bound_to(bb, var, value) -> bool:
 
     if not isinstance(var, relax.Var):
         return False
-    try:
-        bound = bb.lookup_binding(var)
-    except Exception:  # noqa: BLE001 - not a binding in this block
-        return False
-    return bound is value
+    return bb.lookup_binding(var) is value  # None, raising nothing, for a var with no binding

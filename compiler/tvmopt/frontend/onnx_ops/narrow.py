@@ -24,6 +24,7 @@ import numpy as np
 
 from ...errors import ImportFailure
 from ..narrow_types import NarrowType, by_name, by_onnx
+from ..onnx_model import infer_shapes_or_as_is
 
 # Ops whose converters need to know the ONNX types hidden behind carriers.
 ANNOTATED = {"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear"}
@@ -101,10 +102,7 @@ def carry_in_bytes(model):
             if found:
                 raise ImportFailure(f"node '{node.name or node.op_type}' ({node.op_type}): 8/4/2-bit "
                                     f"types inside control-flow subgraphs are not supported ({found})")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - declared types are used where inference fails
-        inferred = model
+    inferred = infer_shapes_or_as_is(model)  # declared types where inference has none
     g = inferred.graph
     elem = {vi.name: vi.type.tensor_type.elem_type
             for vi in list(g.input) + list(g.value_info) + list(g.output)}
@@ -180,7 +178,7 @@ def onnx_dtype_name(elem_type: int) -> str | None:
         return None
     try:
         return str(helper.tensor_dtype_to_np_dtype(elem_type))
-    except Exception:  # noqa: BLE001
+    except KeyError:  # a code onnx has no numpy type for
         return None
 
 

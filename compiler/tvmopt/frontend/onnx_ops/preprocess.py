@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import warnings
 
+from ..onnx_model import infer_shapes_or_as_is
+
 # Ops never folded: non-deterministic, with subgraphs, or stateful.
 _NO_FOLD = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
             "Bernoulli", "Multinomial", "If", "Loop", "Scan", "SequenceMap", "Optional",
@@ -76,10 +78,7 @@ def expand_functions(model, supported: set[str], rounds: int = 3):
                 and n.op_type not in supported]
         if not todo:
             return model
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model)
-        except Exception:  # noqa: BLE001
-            inferred = model
+        inferred = infer_shapes_or_as_is(model)
         types = {vi.name: vi.type for g in [inferred.graph]
                  for vi in list(g.input) + list(g.value_info) + list(g.output)}
         new_nodes, changed = [], False
@@ -88,7 +87,7 @@ def expand_functions(model, supported: set[str], rounds: int = 3):
             if node in todo:
                 try:
                     schema = defs.get_schema(node.op_type, opset, node.domain)
-                except Exception:  # noqa: BLE001 - unknown op: reported later
+                except defs.SchemaError:  # no such op at this opset: reported later
                     schema = None
                 if schema is not None and (schema.has_function or
                                            schema.has_context_dependent_function):
@@ -120,12 +119,7 @@ def expand_functions(model, supported: set[str], rounds: int = 3):
 def _inferred_shapes(model) -> dict[str, tuple[int | None, ...]]:
     """The shape of every value ONNX shape inference can type, None for a dim it cannot
     tell as a number (a symbolic `batch`)."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # noqa: BLE001 - inference is best effort
-        inferred = model
+    inferred = infer_shapes_or_as_is(model, data_prop=True)
     shapes = {}
     g = inferred.graph
     for vi in list(g.input) + list(g.value_info) + list(g.output):
@@ -203,8 +197,8 @@ def _evaluate(node, values: dict, opset: int):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             outs = ReferenceEvaluator(model).run(None, {i: values[i] for i in inputs})
-    except Exception:  # noqa: BLE001
-        return None
+    except Exception:  # noqa: BLE001 - onnx.reference raises any type on operands it refuses
+        return None  # the node stays in the graph, for TVM to compute
     return outs
 
 

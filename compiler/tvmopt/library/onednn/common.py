@@ -12,10 +12,7 @@ from tvm import relax
 
 def _binding_of(mutator, e):
     if isinstance(e, relax.Var):
-        try:
-            return mutator.lookup_binding(e)
-        except Exception:  # noqa: BLE001 - not bound in this function (a parameter)
-            return None
+        return mutator.lookup_binding(e)  # None for a parameter: TVM returns it, raising nothing
     return None
 
 
