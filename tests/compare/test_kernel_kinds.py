@@ -20,7 +20,7 @@ from tvmopt.compare.causes import (CAUSE_IDS, LIBRARY_CONTROL, LIBRARY_FUNCS, LI
                                    classify_tvm, library_call, library_cause)
 from tvmopt.compare.profiles import tvm_kernels
 
-KERNELS = Path(__file__).resolve().parents[2] / "compiler" / "tvmopt" / "kernels"
+KERNELS = Path(__file__).resolve().parents[2] / "compiler" / "tvmopt" / "library" / "onednn"
 RIDGE = 6.5
 
 
@@ -30,7 +30,7 @@ def _registered_library_funcs() -> set[str]:
 
 
 def _emitted_library_funcs() -> set[str]:
-    src = (KERNELS / "onednn.py").read_text()
+    src = "".join(p.read_text() for p in sorted(KERNELS.glob("*.py")))
     return set(re.findall(r'^\w+_FUNC = "(tvmopt\.onednn\.[\w.]+)"', src, re.M))
 
 

@@ -160,140 +160,239 @@ def compile_model(opts: CompileOptions, log=print) -> CompileResult:
 
 
 def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
-    from .. import fallbacks, pipeline
-    from ..frontend import model_file
-    from ..front import CODE_CHANGED, fuse_and_plan, options_differ, pipeline_options
-    from ..precision.schemes import library_compute
+    """The compile, top to bottom. Precision is decided in one flow: the target's scheme
+    offers lower precisions to the library kernels (`library_compute`), the dispatch step times
+    each kernel in each precision offered and keeps the faster (`precision.choice`, inside the
+    build), the plan prices the rest (`precision.kernel_plan`), and the accuracy gate accepts
+    the lower precision or gives it back kernel by kernel (`interface.gate`)."""
+    from .. import fallbacks
     from ..runtime.artifact import write_artifact
+    from . import gate as accuracy_gate
     from .accuracy import accuracy_report, own_arithmetic_report
-    from .manifest import cuda_report, fallbacks_manifest, kernels_manifest, precision_manifest
+    from .manifest import cuda_report, fallbacks_manifest
 
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    hw: HardwareTarget = get_target(opts.target)
-    cc = cross_cc(hw)  # a missing cross compiler fails now, not after the build
-    if hw.device == "cuda":
-        from ..targets.cuda import enable_cuda_codegen
+    c = _Compile(opts, log)
+    b = c.build(c.config(), log)
+    gate = None
+    if accuracy_gate.needed(b.records.choices, c.compute):
+        t_gate = time.perf_counter()
+        feeds, described = accuracy_gate.sample_inputs(c.imported, opts)
 
-        enable_cuda_codegen()
-    stage.enter("import", opts.model)
-    model = model_file.load(opts.model)
-    from ..frontend import run_time_checks
+        def rebuild(fp32_only, all_fp32):
+            return c.build(c.config(fp32_only, fp32=all_fp32), lambda s: None)
 
-    with run_time_checks.for_device(hw.device, opts.max_elements):
-        imported = model_file.import_loaded(model, opts.shapes, opts.allow_newer_opset)
-    timings["import_s"] = time.perf_counter() - t0
-    _check_dim_names(opts.dim_bounds, imported.inputs)
-    from ..frontend.onnx_model import nonfinite_weights
+        def attempt(build, path):
+            return write_artifact(path, build.ex, c.manifest(build), cc=c.cc).path
 
-    import onnx
+        b, gate = accuracy_gate.run(b, model=opts.model, feeds=feeds, described=described,
+                                    max_error=opts.max_error, rebuild=rebuild,
+                                    write_attempt=attempt, log=log)
+        c.timings["gate_s"] = time.perf_counter() - t_gate
+        c.note_gate_settings(b)
+    for note in b.records.notes:
+        log(f"note: {note}")
 
-    bad_weights = nonfinite_weights(model) if isinstance(model, onnx.ModelProto) else []
-    for w in bad_weights:
-        log(f"warning: {w}")
+    manifest = c.manifest(b)
+    if gate is not None:
+        manifest["precision"]["gate"] = gate.to_json()
+    manifest["fallbacks"], manifest["schedule_fallbacks"] = fallbacks_manifest(events, log)
+    extra = {}
+    if c.hw.device == "cuda":
+        extra["kernels.cu"], manifest["cuda"] = cuda_report(b.ex, c.hw, b.plan, log)
+    t2 = time.perf_counter()
+    stage.enter("export")
+    art = write_artifact(opts.output, b.ex, manifest, extra_files=extra, cc=c.cc)
+    c.timings["export_s"] = time.perf_counter() - t2
+    if b.plan.precision not in ("fp32", "bf16") or any(k.integer_matmul for k in b.plan.kernels):
+        t3 = time.perf_counter()
+        if b.cfg.precision_passes:
+            with fallbacks.paused():  # the fp32 reference build is not the artifact's
+                accuracy_report(art, c.imported, b.cfg, c.hw, opts, log)
+        else:
+            # A pre-quantized model built as it is: no rewrite whose error two builds of the
+            # graph could show (they would be the same build); --verify checks the artifact.
+            own_arithmetic_report(art, opts, log)
+        c.timings["accuracy_s"] = time.perf_counter() - t3
+    result = CompileResult(art, c.timings, replay=b.replay, gate=gate)
+    if opts.verify:
+        tol = opts.tolerance
+        if gate is not None and gate.result.startswith("kept"):
+            # A lower precision passed the gate: verify to the gate's limit, not to fp32's.
+            tol = Tolerance(atol=gate.limit, rtol=0.0, relative_to_max=True)
+        result.verification = verify_artifact(art.path, opts.model, tol, opts.verify_dims)
+    return result
 
-    target = hw.to_tvm()
-    dump = _dumper(opts.save_temps)
-    # A database's records were tuned with or without weight prepack; the front half must match.
-    prepack = db_weight_prepack(opts.db) if opts.db else False
-    # Library kernels may compute in a lower precision where the scheme allows it on this
-    # target (bf16 on AMX / AVX512-BF16); each is timed, and the accuracy gate checks the model.
-    compute = library_compute(hw, opts.precision) if opts.dispatch != "codegen" else ("fp32",)
 
-    def config(fp32_only=frozenset(), fp32=False):
-        # The same options with or without a database: `tune` extracts its tasks from this
-        # very module (tvmopt.front), so nothing is switched off for the records to match.
-        return pipeline.PipelineConfig(weight_prepack=prepack, dispatch=opts.dispatch,
-                                       library_compute=("fp32",) if fp32 else compute,
-                                       fp32_only=frozenset(fp32_only), retime=opts.retime,
-                                       hw=hw, dim_upper_bounds={k: hi for k, (_, hi)
-                                                                in opts.dim_bounds.items()})
+class _Compile:
+    """One compile's inputs, made once: the target, the imported model, the database, the
+    precisions the scheme offers; `build` runs the pipeline under a config (again only when the
+    gate gives a lower precision back) and `manifest` describes a build."""
 
-    cfg = config()
-    loaded = None
-    if opts.db:
-        from ..tuning.replay import load_database
+    def __init__(self, opts: CompileOptions, log):
+        from ..frontend import model_file, run_time_checks
+        from ..frontend.onnx_model import nonfinite_weights
+        from ..precision.schemes import library_compute
 
-        # Opened before the front half: its manifest's library choices feed the dispatch, and
-        # where the dispatch times (--retime) it builds the codegen side with the records, so
-        # a tuned kernel competes with oneDNN as it will run.
-        t_db = time.perf_counter()
-        loaded = load_database(opts.db, hw)
-        timings["database_s"] = time.perf_counter() - t_db
+        import onnx
 
-    def build_all(cfg, log) -> _Build:
+        self.opts, self.log = opts, log
+        self.timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        self.hw: HardwareTarget = get_target(opts.target)
+        self.cc = cross_cc(self.hw)  # a missing cross compiler fails now, not after the build
+        if self.hw.device == "cuda":
+            from ..targets.cuda import enable_cuda_codegen
+
+            enable_cuda_codegen()
+        stage.enter("import", opts.model)
+        self.model = model_file.load(opts.model)
+        with run_time_checks.for_device(self.hw.device, opts.max_elements):
+            self.imported = model_file.import_loaded(self.model, opts.shapes,
+                                                     opts.allow_newer_opset)
+        self.timings["import_s"] = time.perf_counter() - t0
+        _check_dim_names(opts.dim_bounds, self.imported.inputs)
+        self.bad_weights = (nonfinite_weights(self.model)
+                            if isinstance(self.model, onnx.ModelProto) else [])
+        for w in self.bad_weights:
+            log(f"warning: {w}")
+        self.target = self.hw.to_tvm()
+        self.dump = _dumper(opts.save_temps)
+        # A database's records were tuned with or without weight prepack; the front half must
+        # match.
+        self.prepack = db_weight_prepack(opts.db) if opts.db else False
+        # The scheme's offer: the precisions a library kernel may compute in on this target
+        # (bf16 on AMX / AVX512-BF16); each is timed, and the accuracy gate checks the model.
+        self.compute = (library_compute(self.hw, opts.precision)
+                        if opts.dispatch != "codegen" else ("fp32",))
+        self.loaded = None
+        if opts.db:
+            from ..tuning.replay import load_database
+
+            # Opened before the front half: its manifest's library choices feed the dispatch,
+            # and where the dispatch times (--retime) it builds the codegen side with the
+            # records, so a tuned kernel competes with oneDNN as it will run.
+            t_db = time.perf_counter()
+            self.loaded = load_database(opts.db, self.hw)
+            self.timings["database_s"] = time.perf_counter() - t_db
+
+    def config(self, fp32_only=frozenset(), fp32: bool = False):
+        """The pipeline config this compile asks for; the gate's rebuilds keep `fp32_only`
+        workloads (or, with `fp32`, every one) in fp32. The same options with or without a
+        database: `tune` extracts its tasks from this very module (tvmopt.front), so nothing is
+        switched off for the records to match."""
+        from .. import pipeline
+
+        opts = self.opts
+        cfg = pipeline.PipelineConfig(
+            weight_prepack=self.prepack, dispatch=opts.dispatch,
+            library_compute=("fp32",) if fp32 else self.compute,
+            fp32_only=frozenset(fp32_only), retime=opts.retime, hw=self.hw,
+            dim_upper_bounds={k: hi for k, (_, hi) in opts.dim_bounds.items()})
+        if self.loaded is not None:
+            cfg = replace(cfg, database=self.loaded.db, database_id=self.loaded.sha256,
+                          pinned_library=_pinned_library(self.loaded.manifest, opts))
+        return cfg
+
+    def build(self, cfg, log) -> _Build:
         """Front half, plan, database replay and build under `cfg`."""
-        if loaded is not None:
-            cfg = replace(cfg, database=loaded.db, database_id=loaded.sha256,
-                          pinned_library=_pinned_library(loaded.manifest, opts))
+        from .. import pipeline
+        from ..front import fuse_and_plan
+
         # Front half, then the plan of its fp32 kernels: the roofline picks the precision per
         # target (and the library kernels' timing, which ran in the front half, the precision
         # of each library call).
         t_plan = time.perf_counter()
         try:
-            front = fuse_and_plan(imported.mod, target, hw, cfg, opts.precision,
-                                  dims=opts.verify_dims, dump=dump, log=log)
+            front = fuse_and_plan(self.imported.mod, self.target, self.hw, cfg,
+                                  self.opts.precision, dims=self.opts.verify_dims,
+                                  dump=self.dump, log=log)
         except BuildError:
             raise
         except Exception as err:
             raise BuildError(f"optimization failed: {error_line(err)}") from err
-        timings["plan_s"] = timings.get("plan_s", 0.0) + time.perf_counter() - t_plan
-        fused, plan, cfg = front.fused, front.plan, front.cfg
-
-        # Tuning database: matched against the fused module the "database" phase will see.
-        replay = None
-        if opts.db:
-            from ..timing import TimingCache
-            from ..tuning.prefer import prefer_default_where_faster
-            from ..tuning.replay import replay_database
-
-            t_db = time.perf_counter()
-            replay = replay_database(opts.db, hw, fused, opts.require_db, loaded=loaded)
-            replay.option_changes = options_differ((replay.manifest or {}).get("pipeline"),
-                                                   pipeline_options(cfg, opts.precision))
-            # Changed code alone is news only where a task lost its record: the hits are the
-            # task-by-task check the fingerprint stands in for.
-            if replay.option_changes and (replay.misses
-                                          or replay.option_changes != [CODE_CHANGED]):
-                log(f"note: database {opts.db} was tuned under other pipeline options ("
-                    f"{'; '.join(replay.option_changes)}): records of unchanged kernels still "
-                    f"apply ({len(replay.hits)} of {len(replay.hits) + len(replay.misses)} tasks)"
-                    + (f"; `tvmopt tune MODEL --db {opts.db} --missing-only` tunes the other "
-                       f"{len(replay.misses)}" if replay.misses else ""))
-            with fallbacks.paused():  # its trial builds are not the artifact's
-                replay.compared = prefer_default_where_faster(
-                    replay, hw, fused, prepack, cache=TimingCache(read=not opts.retime))
+        self.timings["plan_s"] = self.timings.get("plan_s", 0.0) + time.perf_counter() - t_plan
+        cfg, replay = front.cfg, None
+        if self.opts.db:
+            replay = self._replay(front.fused, cfg, log)
             cfg = replace(cfg, database=replay.db)
-            dropped = [c.task for c in replay.compared if not c.kept]
-            if replay.compared:
-                log(f"database: {len(replay.compared) - len(dropped)} of {len(replay.compared)} "
-                    f"tuned records measure faster than the default schedule here and are used"
-                    + (f"; default schedule kept for {', '.join(dropped)}" if dropped else ""))
-            timings["database_s"] += time.perf_counter() - t_db
-
         t1 = time.perf_counter()
-        ex = pipeline.build(fused, target, cfg, dump=dump, start_after=pipeline.FRONT_HALF)
-        timings["build_s"] = timings.get("build_s", 0.0) + time.perf_counter() - t1
-        return _Build(cfg, plan, replay, ex, front.records)
+        ex = pipeline.build(front.fused, self.target, cfg, dump=self.dump,
+                            start_after=pipeline.FRONT_HALF)
+        self.timings["build_s"] = self.timings.get("build_s", 0.0) + time.perf_counter() - t1
+        return _Build(cfg, front.plan, replay, ex, front.records)
 
-    def manifest_of(b: _Build):
-        cfg, plan, replay = b.cfg, b.plan, b.replay
+    def _replay(self, fused, cfg, log):
+        """The tuning database matched against the fused module the "database" phase will
+        see; a record is kept only where it measures faster than the default schedule."""
+        from .. import fallbacks
+        from ..front import CODE_CHANGED, options_differ, pipeline_options
+        from ..timing import TimingCache
+        from ..tuning.prefer import prefer_default_where_faster
+        from ..tuning.replay import replay_database
+
+        opts = self.opts
+        t_db = time.perf_counter()
+        replay = replay_database(opts.db, self.hw, fused, opts.require_db, loaded=self.loaded)
+        replay.option_changes = options_differ((replay.manifest or {}).get("pipeline"),
+                                               pipeline_options(cfg, opts.precision))
+        # Changed code alone is news only where a task lost its record: the hits are the
+        # task-by-task check the fingerprint stands in for.
+        if replay.option_changes and (replay.misses
+                                      or replay.option_changes != [CODE_CHANGED]):
+            log(f"note: database {opts.db} was tuned under other pipeline options ("
+                f"{'; '.join(replay.option_changes)}): records of unchanged kernels still "
+                f"apply ({len(replay.hits)} of {len(replay.hits) + len(replay.misses)} tasks)"
+                + (f"; `tvmopt tune MODEL --db {opts.db} --missing-only` tunes the other "
+                   f"{len(replay.misses)}" if replay.misses else ""))
+        with fallbacks.paused():  # its trial builds are not the artifact's
+            replay.compared = prefer_default_where_faster(
+                replay, self.hw, fused, self.prepack, cache=TimingCache(read=not opts.retime))
+        dropped = [c.task for c in replay.compared if not c.kept]
+        if replay.compared:
+            log(f"database: {len(replay.compared) - len(dropped)} of {len(replay.compared)} "
+                f"tuned records measure faster than the default schedule here and are used"
+                + (f"; default schedule kept for {', '.join(dropped)}" if dropped else ""))
+        self.timings["database_s"] += time.perf_counter() - t_db
+        return replay
+
+    def note_gate_settings(self, b: _Build) -> None:
+        """Where the database was tuned behind a gate with other settings, say so: where this
+        gate gives calls back, their tasks miss."""
+        if b.replay is None:
+            return
+        from ..tuning.tune import gate_settings, gate_settings_differ
+
+        differ = gate_settings_differ(
+            ((b.replay.manifest or {}).get("pipeline") or {}).get("accuracy_gate"),
+            gate_settings(self.opts.max_error, self.opts.calibration))
+        if differ:
+            self.log(f"note: database {self.opts.db} was tuned behind the accuracy gate with "
+                     f"other settings ({'; '.join(differ)}): where this gate gives calls back, "
+                     "their tasks miss; tune with the same --max-error and --calibration")
+
+    def manifest(self, b: _Build) -> dict:
+        """The artifact's manifest for build `b` (the gate's attempts carry one too)."""
+        from .. import pipeline
+        from ..frontend import model_file, run_time_checks
+        from .manifest import kernels_manifest, precision_manifest
+
+        opts, hw, imported = self.opts, self.hw, self.imported
         m = {
-            "model": {**model_file.manifest_entry(opts.model, model, imported,
+            "model": {**model_file.manifest_entry(opts.model, self.model, imported,
                                                   opts.allow_newer_opset),
-                      "nonfinite_weights": bad_weights},
-            "kernels": kernels_manifest(cfg, b.records, replay),
+                      "nonfinite_weights": self.bad_weights},
+            "kernels": kernels_manifest(b.cfg, b.records, b.replay),
             "tvm_version": _tvm_version(),
             "tvm_ffi_version": _tvm_ffi_version(),
             "target": {"name": hw.name, "device": hw.device, "arch": hw.arch,
-                       "features": list(hw.features), "tvm": target_json(target)},
+                       "features": list(hw.features), "tvm": target_json(self.target)},
             "inputs": [i.to_json() for i in imported.inputs],
             "outputs": [o.to_json() for o in imported.outputs],
             "shape_overrides": {k: list(v) for k, v in opts.shapes.items()},
             "dim_bounds": {k: list(v) for k, v in {**_program_bounds(imported.mod),
                                                     **opts.dim_bounds}.items()},
-            "passes": pipeline.pass_names(hw.device, target, cfg),
-            "precision": precision_manifest(plan),
+            "passes": pipeline.pass_names(hw.device, self.target, b.cfg),
+            "precision": precision_manifest(b.plan),
             # what a request's values are checked for when the artifact runs (the checks the
             # import could not settle at compile time), and the size limit compiled in
             "run_time_checks": {"max_elements": opts.max_elements or
@@ -303,65 +402,10 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
                                     f"{hw.device}: indices and sizes from the inputs are not "
                                     "checked (the check kernels run on the host, the tensors "
                                     "on the device)")})},
-            "tuning": {"database": None},
-            "plan": plan.to_json(),
+            "tuning": {"database": None} if b.replay is None else b.replay.to_json(),
+            "plan": b.plan.to_json(),
         }
-        if replay is not None:
-            m["tuning"] = replay.to_json()
         return m
-
-    b = build_all(cfg, log)
-    gate = None
-    # Only a precision tvmopt lowered on its own (bf16) is gated: the int8 calls of a QDQ model
-    # compute what the model's own quantize/dequantize steps define.
-    if any(c.choice == "library" and c.precision in compute and c.precision != "fp32"
-           for c in b.records.choices):
-        t_gate = time.perf_counter()
-        b, gate = _accuracy_gate(opts, imported, b, config, build_all, manifest_of, cc, log)
-        timings["gate_s"] = time.perf_counter() - t_gate
-        if b.replay is not None:
-            from ..tuning.tune import gate_settings, gate_settings_differ
-
-            differ = gate_settings_differ(
-                ((b.replay.manifest or {}).get("pipeline") or {}).get("accuracy_gate"),
-                gate_settings(opts.max_error, opts.calibration))
-            if differ:
-                log(f"note: database {opts.db} was tuned behind the accuracy gate with other "
-                    f"settings ({'; '.join(differ)}): where this gate gives calls back, "
-                    "their tasks miss; tune with the same --max-error and --calibration")
-    for note in b.records.notes:
-        log(f"note: {note}")
-    cfg, plan, replay, ex = b.cfg, b.plan, b.replay, b.ex
-
-    manifest = manifest_of(b)
-    if gate is not None:
-        manifest["precision"]["gate"] = gate.to_json()
-    manifest["fallbacks"], manifest["schedule_fallbacks"] = fallbacks_manifest(events, log)
-    extra = {}
-    if hw.device == "cuda":
-        extra["kernels.cu"], manifest["cuda"] = cuda_report(ex, hw, plan, log)
-    t2 = time.perf_counter()
-    stage.enter("export")
-    art = write_artifact(opts.output, ex, manifest, extra_files=extra, cc=cc)
-    timings["export_s"] = time.perf_counter() - t2
-    if plan.precision not in ("fp32", "bf16") or any(k.integer_matmul for k in plan.kernels):
-        t3 = time.perf_counter()
-        if cfg.precision_passes:
-            with fallbacks.paused():  # the fp32 reference build is not the artifact's
-                accuracy_report(art, imported, cfg, hw, opts, log)
-        else:
-            # A pre-quantized model built as it is: no rewrite whose error two builds of the
-            # graph could show (they would be the same build); --verify checks the artifact.
-            own_arithmetic_report(art, opts, log)
-        timings["accuracy_s"] = time.perf_counter() - t3
-    result = CompileResult(art, timings, replay=replay, gate=gate)
-    if opts.verify:
-        tol = opts.tolerance
-        if gate is not None and gate.result.startswith("kept"):
-            # A lower precision passed the gate: verify to the gate's limit, not to fp32's.
-            tol = Tolerance(atol=gate.limit, rtol=0.0, relative_to_max=True)
-        result.verification = verify_artifact(art.path, opts.model, tol, opts.verify_dims)
-    return result
 
 
 def _check_dim_names(bounds: dict, inputs) -> None:
@@ -387,56 +431,6 @@ def _program_bounds(mod) -> dict[str, tuple[int, int]]:
     upper = {str(k): int(v) for k, v in dict(attrs.get("tir_var_upper_bound") or {}).items()}
     lower = {str(k): int(v) for k, v in dict(attrs.get("tir_var_lower_bound") or {}).items()}
     return {k: (lower.get(k, 0), hi) for k, hi in upper.items()}
-
-
-def _accuracy_gate(opts, imported, b: _Build, config, build_all, manifest_of, cc, log):
-    """Check a build with lower-precision library kernels against the fp32 reference; give
-    the lower precision back kernel by kernel (least time saved first) and rebuild while the
-    error is over the limit. Returns the build that passed (or the all-fp32 one) and the record."""
-    import tempfile
-
-    from ..runtime.artifact import write_artifact
-    from . import gate as g
-
-    prec = next(c.precision for c in b.records.choices
-                if c.choice == "library" and c.precision not in ("fp32", "int8"))
-    limit = opts.max_error if opts.max_error is not None else g.DEFAULT_MAX_ERROR
-    feeds, described = g.sample_inputs(imported, opts)
-    rec = g.GateRecord(prec, limit, "--max-error" if opts.max_error is not None else "default",
-                       g.METRIC, "", described)
-    given_back: list[str] = []
-    stage.enter("the accuracy gate")
-    with tempfile.TemporaryDirectory(prefix="tvmopt-gate-") as tmp:
-        for step in range(g.MAX_FALLBACK_STEPS + 2):
-            lower = [c for c in b.records.choices
-                     if c.choice == "library" and c.precision == prec]
-            if not lower:
-                rec.result = f"fp32: {prec} given back on every kernel"
-                log(f"precision {prec}: gate: {rec.result}")
-                break
-            # A fresh path per attempt: a library loaded from a path is not loaded again.
-            art = write_artifact(Path(tmp) / f"attempt{step}", b.ex, manifest_of(b), cc=cc)
-            err, worst, rec.reference = g.measure(str(art.path), opts.model, feeds)
-            ok = err <= limit
-            rec.attempts.append(g.Attempt(len(lower), err, ok, worst))
-            log(f"precision {prec}: gate: error {err:.3g} ({g.METRIC}, vs {rec.reference} on "
-                f"{described} inputs) with {len(lower)} {prec} library workload(s); limit "
-                f"{limit:g} ({rec.limit_from}): {'passed' if ok else 'over the limit'}")
-            if ok:
-                rec.result = f"kept {prec} on {len(lower)} library workload(s)"
-                break
-            # What runs in the lower precision now, least time saved first: a rebuild re-times
-            # kernels whose timings were not cached, so the set can differ from the last one.
-            order = g.fallback_order(b.records.choices, prec)
-            last = step >= g.MAX_FALLBACK_STEPS
-            give = order if last else order[: max(1, (len(order) + 1) // 2)]
-            given_back += give
-            log(f"precision {prec}: gate: {len(give)} workload(s) back to fp32, rebuilding")
-            # The last step takes the lower precision off the table altogether.
-            rec.all_fp32 = rec.all_fp32 or last
-            b = build_all(config(given_back, fp32=last), lambda s: None)
-    rec.fp32_only = list(given_back)
-    return b, rec
 
 
 def accuracy_gate_outcome(model: str, target: str, shapes: dict, precision: str, dispatch: str,

@@ -1,4 +1,6 @@
-"""The accuracy gate of a lower precision chosen for library kernels (bf16 on CPU).
+"""The accuracy gate of a lower precision chosen for library kernels (bf16 on CPU): the last
+step of compile's precision flow (the scheme offers, the timed choice measures, the gate accepts
+or gives back; see `interface.compile._compile_model`).
 
 The artifact itself runs on sample inputs (seeded random, or the user's `--calibration` file)
 beside the fp32 reference (onnxruntime; the program in torch for a .pt2). The error is the
@@ -126,3 +128,69 @@ def sample_inputs(imported, opts) -> tuple[dict, str]:
         return (load_calibration(opts.calibration, imported.inputs),
                 f"--calibration {Path(opts.calibration).name}")
     return random_inputs(imported.inputs, opts.verify_dims), "seeded random (seed 0)"
+
+
+def needed(choices, offered) -> bool:
+    """Whether a build must pass the gate: a library call computes in a lower precision the
+    scheme offered and the timing chose (bf16). The int8 calls of a QDQ model are not gated:
+    they compute what the model's own quantize/dequantize steps define."""
+    return any(c.choice == "library" and c.precision in offered and c.precision != "fp32"
+               for c in choices)
+
+
+def run(build, *, model: str, feeds: dict, described: str, max_error: float | None,
+        rebuild, write_attempt, log):
+    """Check `build` against the fp32 reference; while the error is over the limit, give the
+    lower precision back kernel by kernel (least time saved first) and rebuild.
+
+    Args:
+        build: a build with `.records.choices` (the dispatch's Choice list).
+        model: the model file the reference runs.
+        rebuild: (workloads kept in fp32, whether every workload is fp32) -> a new build.
+        write_attempt: (build, folder) -> path of an artifact of it, to be measured.
+
+    Returns:
+        (the build that passed, or the all-fp32 one; the GateRecord).
+    """
+    import tempfile
+
+    from .. import stage
+
+    prec = next(c.precision for c in build.records.choices
+                if c.choice == "library" and c.precision not in ("fp32", "int8"))
+    limit = max_error if max_error is not None else DEFAULT_MAX_ERROR
+    rec = GateRecord(prec, limit, "--max-error" if max_error is not None else "default", METRIC,
+                     "", described)
+    given_back: list[str] = []
+    stage.enter("the accuracy gate")
+    with tempfile.TemporaryDirectory(prefix="tvmopt-gate-") as tmp:
+        for step in range(MAX_FALLBACK_STEPS + 2):
+            lower = [c for c in build.records.choices
+                     if c.choice == "library" and c.precision == prec]
+            if not lower:
+                rec.result = f"fp32: {prec} given back on every kernel"
+                log(f"precision {prec}: gate: {rec.result}")
+                break
+            # A fresh path per attempt: a library loaded from a path is not loaded again.
+            path = write_attempt(build, Path(tmp) / f"attempt{step}")
+            err, worst, rec.reference = measure(str(path), model, feeds)
+            ok = err <= limit
+            rec.attempts.append(Attempt(len(lower), err, ok, worst))
+            log(f"precision {prec}: gate: error {err:.3g} ({METRIC}, vs {rec.reference} on "
+                f"{described} inputs) with {len(lower)} {prec} library workload(s); limit "
+                f"{limit:g} ({rec.limit_from}): {'passed' if ok else 'over the limit'}")
+            if ok:
+                rec.result = f"kept {prec} on {len(lower)} library workload(s)"
+                break
+            # What runs in the lower precision now, least time saved first: a rebuild re-times
+            # kernels whose timings were not cached, so the set can differ from the last one.
+            order = fallback_order(build.records.choices, prec)
+            last = step >= MAX_FALLBACK_STEPS
+            give = order if last else order[: max(1, (len(order) + 1) // 2)]
+            given_back += give
+            log(f"precision {prec}: gate: {len(give)} workload(s) back to fp32, rebuilding")
+            # The last step takes the lower precision off the table altogether.
+            rec.all_fp32 = rec.all_fp32 or last
+            build = rebuild(list(given_back), last)
+    rec.fp32_only = list(given_back)
+    return build, rec

@@ -173,11 +173,12 @@ def _time_sides(sides: dict, name: str) -> dict:
 @functools.lru_cache(maxsize=1)
 def _host_figures() -> tuple[dict, float | None]:
     """({dtype: peak GFLOP/s per core}, memory GB/s) of this host, for the timings' roofs."""
+    from ..errors import TargetError
     from ..targets.registry import detect_host
 
     try:
         host = detect_host()
-    except Exception:  # noqa: BLE001 - no figures only means no roofline check
+    except TargetError:  # unreadable target data: no figures only means no roofline check
         return {}, None
     return {d: p.value for d, p in host.peak_gflops.items()}, host.bandwidth_gbs()
 
@@ -196,7 +197,7 @@ def _kernel_size(func) -> tuple[float, float] | None:
         legal = relax.transform.LegalizeOps()(tvm.IRModule({"main": func}))
         flops = sum(float(estimate_tir_flops(tvm.IRModule({"f": f})))
                     for f in legal.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
-    except Exception:  # noqa: BLE001 - a loop nest TVM's estimator cannot count: no roof
+    except RuntimeError:  # TVM's estimator refusing a loop nest it cannot count: no roof
         return None
     nbytes = sum(float(np.prod([int(d) for d in t.shape.values]))
                  * tvm.DataType(str(t.dtype)).bits // 8 for t in tys)

@@ -93,13 +93,13 @@ def sanitize_files(src: Path, dst: Path) -> SanitizeReport:
             continue
         kept_rec.append(json.dumps([new_idx, rec]))
     dst.mkdir(parents=True, exist_ok=True)
-    _atomic_write(dst / WORKLOAD_FILE, "".join(ln + "\n" for ln in kept_wl))
-    _atomic_write(dst / RECORD_FILE, "".join(ln + "\n" for ln in kept_rec))
+    atomic_write(dst / WORKLOAD_FILE, "".join(ln + "\n" for ln in kept_wl))
+    atomic_write(dst / RECORD_FILE, "".join(ln + "\n" for ln in kept_rec))
     rep.workloads, rep.records = len(kept_wl), len(kept_rec)
     return rep
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -173,7 +173,7 @@ def check_target(folder: Path, manifest: dict | None, hw) -> None:
     if manifest is None:
         return
     tgt = manifest.get("target", {})
-    if tgt.get("name") != hw.name or tgt.get("tvm_dict", hw.tvm) != _json_roundtrip(hw.tvm):
+    if tgt.get("name") != hw.name or tgt.get("tvm_dict", hw.tvm) != json_roundtrip(hw.tvm):
         raise TargetError(
             f"database {folder} was tuned for target '{tgt.get('name')}' "
             f"({tgt.get('tvm_dict')}), not '{hw.name}' ({hw.tvm})",
@@ -233,7 +233,7 @@ def check_record_targets(folder: Path, records, target) -> None:
             hint="tune for this target with `tvmopt tune MODEL --db NEW_DIR`")
 
 
-def _json_roundtrip(obj):
+def json_roundtrip(obj):
     return json.loads(json.dumps(obj))
 
 
@@ -261,7 +261,7 @@ def locked(folder: Path):
         os.close(fd)  # closing releases the lock
 
 
-def _valid_secs(rec) -> float | None:
+def valid_secs(rec) -> float | None:
     if rec.run_secs is None or len(rec.run_secs) == 0:
         return None
     secs = [float(s) for s in rec.run_secs]
@@ -288,7 +288,7 @@ def prune(folder: Path, top_k: int = 1) -> tuple[int, int]:
             for rec in db.get_all_tuning_records():
                 by_wl.setdefault(_workload_hash(rec.workload), []).append(rec)
             for recs in by_wl.values():
-                valid = sorted((r for r in recs if _valid_secs(r) is not None), key=_valid_secs)
+                valid = sorted((r for r in recs if valid_secs(r) is not None), key=valid_secs)
                 new_wl = new.commit_workload(recs[0].workload.mod)
                 for rec in valid[:top_k]:
                     new.commit_tuning_record(ms.database.TuningRecord(
@@ -300,7 +300,7 @@ def prune(folder: Path, top_k: int = 1) -> tuple[int, int]:
         if m is not None:
             m["pruned_top_k"] = top_k
             m["records_kept"] = after
-            _atomic_write(folder / MANIFEST_FILE, json.dumps(m, indent=2) + "\n")
+            atomic_write(folder / MANIFEST_FILE, json.dumps(m, indent=2) + "\n")
     return before, after
 
 

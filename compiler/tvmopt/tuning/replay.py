@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TuningError
-from .database import (RECORD_FILE, SanitizeReport, _valid_secs, check_record_targets,
+from .database import (RECORD_FILE, SanitizeReport, valid_secs, check_record_targets,
                        check_target, check_tvm_version, database_sha256, open_json_database,
                        read_manifest, sanitize_files)
 from .tasks import extract_tasks
@@ -79,7 +79,7 @@ def load_database(folder: str | Path, hw) -> Replay:
         records = src.get_all_tuning_records()
         check_record_targets(folder, records, target)
         for rec in records:
-            if _valid_secs(rec) is None:
+            if valid_secs(rec) is None:
                 continue  # a failed measurement is no schedule to replay
             wl = db.commit_workload(rec.workload.mod)
             db.commit_tuning_record(ms.database.TuningRecord(

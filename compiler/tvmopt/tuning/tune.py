@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TuningError
-from .database import (MANIFEST_FILE, RECORD_FILE, SanitizeReport, _atomic_write,
-                       _json_roundtrip, _valid_secs, check_record_targets, check_target,
+from .database import (MANIFEST_FILE, RECORD_FILE, SanitizeReport, atomic_write,
+                       json_roundtrip, valid_secs, check_record_targets, check_target,
                        check_tvm_version, db_dispatch, locked, open_json_database, read_manifest,
                        recorded_library_choices, sanitize_files)
 from .interrupt import CtrlC
@@ -270,7 +270,7 @@ def summarize(db, tasks: list[Task], defaults: dict | None = None) -> list[TaskR
     for t in tasks:
         h = tvm_ffi.structural_hash(t.mod)
         recs = [r for r in by_hash.get(h, []) if tvm_ffi.structural_equal(r.workload.mod, t.mod)]
-        secs = [s for s in (_valid_secs(r) for r in recs) if s is not None]
+        secs = [s for s in (valid_secs(r) for r in recs) if s is not None]
         default = ((defaults or {}).get(str(h)) or {}).get("secs")
         out.append(TaskResult(t.name, t.weight, t.flops, len(recs), min(secs) if secs else None,
                               default_s=default))
@@ -936,7 +936,7 @@ def _write_manifest(folder: Path, hw, target, opts: TuneOptions, model_sha: str,
     old = read_manifest(folder) or {}
     manifest = {
         "format": "tvmopt-db/1",
-        "target": {"name": hw.name, "tvm_dict": _json_roundtrip(hw.tvm),
+        "target": {"name": hw.name, "tvm_dict": json_roundtrip(hw.tvm),
                    "tvm": target_json(target)},
         "tvm_version": tvm.__version__,
         "model": {"file": Path(opts.model).name, "sha256": model_sha},
@@ -965,4 +965,4 @@ def _write_manifest(folder: Path, hw, target, opts: TuneOptions, model_sha: str,
         "pruned_top_k": old.get("pruned_top_k"),
         "rpc": {"tracker": opts.rpc_tracker, "key": opts.rpc_key} if opts.rpc_tracker else None,
     }
-    _atomic_write(folder / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+    atomic_write(folder / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
