@@ -437,11 +437,18 @@ def _make_importer_class():
                 attrs = _ReadAttrs(attrs)
                 attrs.read.add("tvm_custom")
                 inputs = _read_inputs_class()(list.__iter__(inputs))
-            if op_name in _BROADCASTING:
-                from .onnx_ops import shape_values
+            from .onnx_ops import shape_values
 
+            if op_name in _BROADCASTING:
                 agreed = shape_values.agree_broadcast_dims(self.bb, list(list.__iter__(inputs)))
                 for k, v in enumerate(agreed):
+                    list.__setitem__(inputs, k, v)
+            keep_rank = None
+            if op_name in _FOLDED_ARITHMETIC:
+                # a scalar dim beside a constant array: the result keeps the array's rank
+                operands, keep_rank = shape_values.scalar_fold_operands(
+                    self.bb, list(list.__iter__(inputs)))
+                for k, v in enumerate(operands):
                     list.__setitem__(inputs, k, v)
             from . import run_time_checks
 
@@ -455,6 +462,8 @@ def _make_importer_class():
                     ignored = ignored_by_converter(node, attrs, inputs, opset)
                     if ignored:
                         raise UnsupportedOpError(ignored)
+                if keep_rank is not None:
+                    sym = keep_rank(sym)
                 if isinstance(sym, relax.Expr):
                     sym = self._normalize(op_name, inputs, sym)
             except TvmoptError:

@@ -51,6 +51,56 @@ def keep_scalar_dtype(result, inputs):
     return tirx.const(result.value, dtype)
 
 
+def scalar_fold_operands(bb, inputs: list):
+    """Operands of a binary arithmetic op (Add/Sub/Mul/Div) that TVM's converter would fold in
+    numpy, a scalar dim beside constant arrays, made such that the result keeps the arrays'
+    rank; with a function for the converter's result (None: use it as it is).
+
+    TVM folds `[0] + past` (a decoder's query positions, `Range(0, seq) + past` with seq fixed
+    at 1: Range folds to the constant `[0]`) to the scalar `past`, `.item()` dropping the 1-d
+    array's rank, so the Unsqueezes after it see one rank less and fail ("Unsqueeze axis 3 is
+    out of range for rank 3"); an array of more than one element fails in `.item()` itself.
+    A 1-d int64 result of one element stays a shape value (`ShapeExpr([past])`, symbolic); any
+    other is computed as a tensor of the broadcast shape, the dim fed in as a 0-d tensor.
+    """
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    if not any(prim_of(v) is not None for v in inputs):
+        return inputs, None
+    arrays = [v for v in inputs if isinstance(v, tvm.ir.GenericConst) and v.ty.ndim > 0]
+    if not arrays:
+        return inputs, None  # scalars only: TVM's fold is right
+    shape = np.broadcast_shapes(*[tuple(int(d) for d in v.value.numpy().shape) for v in arrays])
+    dtypes = {str(v.ty.dtype) for v in arrays}
+    prims = [prim_of(v) for v in inputs if prim_of(v) is not None]
+    if shape == (1,) and dtypes == {"int64"} and all("int" in str(p.ty) for p in prims):
+        scalars = [relax.const(v.value.numpy().reshape(()), "int64") if v in arrays else v
+                   for v in inputs]
+
+        def as_shape(result):
+            prim = prim_of(result)
+            if prim is None:
+                return result
+            if str(prim.ty) != "int64":
+                from tvm import tirx
+
+                prim = tirx.Cast("int64", prim)
+            return relax.ShapeExpr([prim])
+
+        return scalars, as_shape
+    (dtype,) = dtypes if len(dtypes) == 1 else (None,)
+    tensors = []
+    for v in inputs:
+        if prim_of(v) is not None:
+            v = as_shape_tensor(bb, v)
+            if dtype is not None and str(v.ty.dtype) != dtype:
+                v = bb.normalize(relax.op.astype(v, dtype))
+        tensors.append(v)
+    return tensors, None
+
+
 def const_ints(value):
     """A constant integer tensor as a Python list (0-d: int), else None."""
     import numpy as np
@@ -677,10 +727,10 @@ def _bound(bb, value):
 def concat(bb, inputs, attr, params, opset):
     """Concat whose inputs agree on every other axis only at run time: the spec requires them
     equal, so each input is asserted (match_cast, checked when the artifact runs) to the first
-    one's dims there. A UNet's upsampled decoder map is `2 * (h // 8)` rows where its skip
+    one's dims there, or to a static dim where an input has one. A UNet's upsampled decoder map is `2 * (h // 8)` rows where its skip
     connection has `h // 4`: equal for the sizes it takes, unprovable for a symbolic `h`, and
     without the assertion the concatenation's shape, and everything after it, is unknown."""
-    from tvm import relax
+    from tvm import relax, tirx
     from tvm.sym.analyzer import Analyzer
 
     # Shape pieces that went through a tensor (Cast of a Shape slice: torch's `x.shape[2:]`
@@ -696,7 +746,15 @@ def concat(bb, inputs, attr, params, opset):
     if len(known) == len(tensors) > 1 and len({v.ty.ndim for v in known}) == 1:
         rank = known[0].ty.ndim
         axis = axis + rank if axis < 0 else axis
+        # Each other axis's dim as the first input has it, or as a number where an input has
+        # one: the symbolic side is asserted to the number, never the number to a symbol. TVM's
+        # CanonicalizeBindings drops a match_cast of `1` to `batch` (a decoder's new key, batch
+        # fixed at 1, beside a past of symbolic batch) as if it were trivial, and the concat's
+        # shape then goes unknown ("emit_te now only supports Tensor that has ShapeExpr shape").
         ref = list(known[0].ty.shape.values)
+        for v in known[1:]:
+            ref = [d if k != axis and isinstance(d, tirx.IntImm) and not isinstance(r, tirx.IntImm)
+                   else r for k, (d, r) in enumerate(zip(v.ty.shape.values, ref))]
         analyzer = Analyzer()
         fixed = []
         for v in inputs:
