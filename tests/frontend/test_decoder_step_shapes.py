@@ -121,7 +121,7 @@ def test_float_dim_beside_constant_array():
         _check(model, {"x": np.zeros((n_value, 3), np.float32)})
 
 
-def _kv_concat_model():
+def _kv_concat_model(new_shape=(1, 2, 1, 4)):
     """A new key computed from fixed-size inputs (batch 1) appended to a past of symbolic batch,
     then a rank-5 expand_dims (the grouped-query heads' repeat) and a reduction."""
     c = helper.make_tensor
@@ -133,7 +133,7 @@ def _kv_concat_model():
         helper.make_node("ReduceSum", ["sq", "ax3"], ["y"], keepdims=1),
     ]
     return _model(nodes, [helper.make_tensor_value_info("past", TP.FLOAT, ["batch", 2, "past", 4]),
-                          helper.make_tensor_value_info("new", TP.FLOAT, ["batch", 2, "seq", 4])],
+                          helper.make_tensor_value_info("new", TP.FLOAT, list(new_shape))],
                   [c("ax2", TP.INT64, [1], [2]), c("ax3", TP.INT64, [1], [3])])
 
 
@@ -143,13 +143,13 @@ def test_static_key_beside_symbolic_batch_past_keeps_its_shape():
     from tvmopt.frontend.importer import import_onnx
 
     model = _kv_concat_model()
-    ret = import_onnx(model, {"new": (1, 2, 1, 4)}).mod["main"].ret_ty
+    ret = import_onnx(model).mod["main"].ret_ty
     assert isinstance(ret, relax.TensorType) and ret.shape is not None, ret
     rng = np.random.default_rng(0)
     for past in (0, 1, 5):
         feeds = {"past": rng.standard_normal((1, 2, past, 4)).astype(np.float32),
                  "new": rng.standard_normal((1, 2, 1, 4)).astype(np.float32)}
-        got = _run(model, feeds, {"new": (1, 2, 1, 4)})[0]
+        got = _run(model, feeds)[0]
         np.testing.assert_allclose(got, run_onnxruntime(model, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
@@ -157,4 +157,32 @@ def test_static_key_beside_symbolic_batch_refuses_another_batch_at_run_time():
     model = _kv_concat_model()
     feeds = {"past": np.zeros((2, 2, 3, 4), np.float32), "new": np.zeros((1, 2, 1, 4), np.float32)}
     with pytest.raises(Exception, match="match_cast|mismatch"):
-        _run(model, feeds, {"new": (1, 2, 1, 4)})
+        _run(model, feeds)
+
+
+def test_override_fixes_a_named_dim_in_every_input():
+    """`--shape new=1x2x1x4` over `[batch, 2, seq, 4]` fixes batch (and seq) to 1 in the past
+    too; the model itself is left as declared."""
+    from tvmopt.frontend.importer import import_onnx
+
+    model = _kv_concat_model(("batch", 2, "seq", 4))
+    before = model.SerializeToString()
+    imported = import_onnx(model, {"new": (1, 2, 1, 4)})
+    assert model.SerializeToString() == before
+    shapes = {i.name: i.shape for i in imported.inputs}
+    assert shapes == {"past": (1, 2, "past", 4), "new": (1, 2, 1, 4)}
+    rng = np.random.default_rng(1)
+    for past in (0, 1, 5):
+        feeds = {"past": rng.standard_normal((1, 2, past, 4)).astype(np.float32),
+                 "new": rng.standard_normal((1, 2, 1, 4)).astype(np.float32)}
+        got = _run(model, feeds, {"new": (1, 2, 1, 4)})[0]
+        np.testing.assert_allclose(got, run_onnxruntime(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_override_conflicting_on_a_name_leaves_it_symbolic_elsewhere():
+    from tvmopt.frontend.onnx_model import fixed_named_dims
+    from tvmopt.tensor_info import TensorInfo
+
+    inputs = [TensorInfo("a", ("batch", "seq"), "int64"), TensorInfo("b", ("batch", "seq"), "int64"),
+              TensorInfo("c", ("batch", 4), "float32")]
+    assert fixed_named_dims(inputs, {"a": (1, 3), "b": (2, 3)}) == {"seq": 3}

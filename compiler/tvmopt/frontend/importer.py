@@ -556,7 +556,8 @@ def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None
                 if isinstance(d, str)]
     sink = io.StringIO()
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(sink):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), \
+                _dims_fixed_in_graph(model, inputs, overrides):
             warnings.simplefilter("ignore")
             mod = importer.from_onnx(model.graph, opset)
     except (UnsupportedOpError, ShapeError) as err:
@@ -576,6 +577,28 @@ def import_onnx(model, shape_overrides: dict[str, tuple[int, ...]] | None = None
     _check_declared_outputs(declared, computed)
     outputs = [TensorInfo(o.name, o.shape, narrow_outputs.get(o.name, o.dtype)) for o in computed]
     return ImportedModel(mod=mod, inputs=inputs, outputs=outputs, opset=opset)
+
+
+@contextlib.contextmanager
+def _dims_fixed_in_graph(model, inputs: list[TensorInfo], overrides: dict):
+    """The graph inputs not overridden but with a named dim an override fixed
+    (`onnx_model.fixed_named_dims`) declare that dim as the number while TVM reads them;
+    the model is as it was afterwards."""
+    by_name = {i.name: i for i in inputs if i.name not in overrides and i.shape is not None}
+    changed = []
+    for vi in model.graph.input:
+        info = by_name.get(vi.name)
+        if info is None or not vi.type.HasField("tensor_type"):
+            continue
+        for d, value in zip(vi.type.tensor_type.shape.dim, info.shape):
+            if d.HasField("dim_param") and isinstance(value, int):
+                changed.append((d, d.dim_param))
+                d.dim_value = value
+    try:
+        yield
+    finally:
+        for d, param in changed:
+            d.dim_param = param
 
 
 def _check_declared_outputs(declared: list[TensorInfo], computed: list[TensorInfo]) -> None:

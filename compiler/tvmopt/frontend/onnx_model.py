@@ -198,10 +198,27 @@ def parse_shapes(specs) -> dict[str, tuple[int, ...]]:
     return parsed
 
 
+def fixed_named_dims(inputs: list[TensorInfo], overrides: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """Named dims an override fixes: `--shape input_ids=1x1` over `[batch, seq]` fixes batch
+    and seq to 1, in every input that names them (a decoder's past `[batch, heads, past, d]`
+    then has batch 1 too, as it must). A name given two values by two overrides is left as it
+    is declared elsewhere."""
+    given: dict[str, set[int]] = {}
+    for inp in inputs:
+        shape = overrides.get(inp.name)
+        if shape is None or inp.shape is None or len(shape) != len(inp.shape):
+            continue
+        for declared, value in zip(inp.shape, shape):
+            if isinstance(declared, str):
+                given.setdefault(declared, set()).add(int(value))
+    return {name: next(iter(values)) for name, values in given.items() if len(values) == 1}
+
+
 def resolve_input_shapes(model, overrides: dict[str, tuple[int, ...]]) -> list[TensorInfo]:
     """Apply --shape overrides to the graph inputs and check them.
 
-    Named symbolic dims stay symbolic (Relax keeps them, so the artifact runs any size).
+    Named symbolic dims stay symbolic (Relax keeps them, so the artifact runs any size), except
+    those an override fixes (`fixed_named_dims`): fixed in every input that names them.
     Unnamed unknown dims and unknown ranks need an override.
 
     Raises:
@@ -214,8 +231,13 @@ def resolve_input_shapes(model, overrides: dict[str, tuple[int, ...]]) -> list[T
         if name not in names:
             raise ShapeError(f"--shape names '{name}', which is not a model input "
                              f"(inputs: {', '.join(names)})")
+    fixed = fixed_named_dims(inputs, overrides)
     out = []
     for inp in inputs:
+        if inp.name not in overrides and inp.shape is not None and \
+                any(isinstance(d, str) and d in fixed for d in inp.shape):
+            inp = TensorInfo(inp.name, tuple(fixed.get(d, d) if isinstance(d, str) else d
+                                             for d in inp.shape), inp.dtype)
         if inp.name in overrides:
             shape = overrides[inp.name]
             if inp.shape is not None and len(inp.shape) != len(shape):
