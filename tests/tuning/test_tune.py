@@ -11,9 +11,10 @@ from click.testing import CliRunner
 
 from tests.models import (cancelling_matmuls, data_sized_range, masked_scores, tiny_conv,
                           tiny_lstm, tiny_mlp)
+from tests.onednn_required import require_onednn
 from tests.precision.test_bf16 import bf16_always_faster, needs_bf16_host  # noqa: F401
 
-from tvmopt import errors, front
+from tvmopt import errors, front, timing
 from tvmopt.tuning import database, measure, replay, tasks, tune
 from tvmopt.cli.main import main
 from tvmopt.errors import TargetError
@@ -48,8 +49,12 @@ def test_tune_finds_schedules_without_build_failures(tuned):
     assert result.estimate_s == pytest.approx(sum(t.weight * t.tuned_s for t in result.tasks))
     manifest = json.loads((db / database.MANIFEST_FILE).read_text())
     assert manifest["target"]["name"] == "x86-avx2"
-    # 8 trials of the search + the 2 default schedules measured first
-    assert manifest["trials"] == 10 and manifest["shapes"] == {"x": [1, 32]}
+    # 8 trials of the search + the 2 default schedules measured first, + the 2 measured again
+    # where other processes kept the cores busy the first time (whether they did is the
+    # machine's business, not the test's: the count must add up either way)
+    assert result.extra_default_records in (0, len(result.seeds))
+    assert manifest["trials"] == 10 + result.extra_default_records
+    assert manifest["shapes"] == {"x": [1, 32]}
     assert manifest["target"]["tvm"]["kind"] == "llvm"
     assert len(manifest["model"]["sha256"]) == 64
 
@@ -211,6 +216,15 @@ def test_tune_says_what_share_of_the_model_it_can_change(tmp_path, monkeypatch):
 
     # oneDNN takes every convolution whatever the timings say: the test is of the report.
     monkeypatch.setattr(choice, "MARGIN", float("inf"))
+    # ... and so is the rate line, which tune leaves out where the probe's timing was not
+    # trusted: on a machine other processes keep busy, it always is not. Timings are trusted
+    # here whatever the load (the trust rules have tests of their own in
+    # tests/timing/test_timing.py), and go to a cache of the test's own, not the user's.
+    require_onednn()  # loaded before the cache moves: it is not built again into tmp_path
+    monkeypatch.setenv("TVMOPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(timing, "FOREIGN_LOAD_LIMIT", float("inf"))
+    monkeypatch.setattr(timing, "SPREAD", float("inf"))
+    monkeypatch.setattr(timing, "CEILING_FLOORS", float("inf"))
     model = tiny_conv(tmp_path / "conv.onnx", channels=16, size=8)
     res = CliRunner().invoke(main, ["tune", model, "--db", str(tmp_path / "db"), "--trials",
                                     "0", "--dispatch", "auto", "--precision", "fp32"])
@@ -357,7 +371,8 @@ def test_prune_keeps_best_record_per_task(tuned, tmp_path):
     model, db, result = tuned
     copy = _copy_db(db, tmp_path / "pruned")
     before, after = database.prune(copy, top_k=1)
-    assert (before, after) == (10, 2)
+    # 8 trials, 2 default schedules, and their second measurement if the first was busy
+    assert (before, after) == (10 + result.extra_default_records, 2)
     hw = get_target("x86")
     fused, _, _ = tune.fused_module(model, SHAPE, hw)
     rep = replay.open_for_replay(copy, hw, fused)
