@@ -21,6 +21,8 @@ _BROAD = {"Exception", "BaseException"}
 ALLOWED = {
     ("bench/isolated.py", "_serve"):
         "a worker process: the error is sent to the parent, which reports it",
+    ("bench/generate.py", "_serve_generate"):
+        "a generation worker process: the error is sent to the parent, which names the runtime",
     ("bench/runner.py", "_serve_runner"):
         "a baseline's worker process: the error is sent to the harness as 'unavailable'",
     ("frontend/onnx_ops/preprocess.py", "_evaluate"):

@@ -21,6 +21,8 @@ Names:
     run_compare, CompareOptions: why model B is slower or faster than A, in named causes, with
         measured recommendations (`tvmopt.compare.run`).
     load: check and load an artifact to run it (`tvmopt.runtime.loader`).
+    generate: token ids a decoder-with-past artifact generates after a prompt (prefill, then
+        one-token decode steps; `tvmopt.bench.generate.generate_ids`).
     get_target: a hardware target from the registry (`tvmopt.targets.registry`).
     TvmoptError: the base class of every error the user can act on (`tvmopt.errors`).
 
@@ -43,6 +45,7 @@ _API = {
     "run_compare": "tvmopt.compare.run",
     "CompareOptions": "tvmopt.compare.run",
     "load": "tvmopt.runtime.loader",
+    "generate": "tvmopt.bench.generate:generate_ids",  # module:attribute where they differ
     "get_target": "tvmopt.targets.registry",
     "TvmoptError": "tvmopt.errors",
 }
@@ -52,7 +55,8 @@ __all__ = ["__version__", *_API]
 
 def __getattr__(name: str):
     if name in _API:
-        return getattr(importlib.import_module(_API[name]), name)
+        module, _, attr = _API[name].partition(":")
+        return getattr(importlib.import_module(module), attr or name)
     raise AttributeError(f"module 'tvmopt' has no attribute '{name}'")
 
 

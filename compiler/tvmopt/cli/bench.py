@@ -71,6 +71,16 @@ def _name_list(ctx, param, value) -> list[str]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the result JSON.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write a flat CSV.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of plots.")
+@click.option("--generate", "generate", is_flag=True,
+              help="Token generation on a decoder-with-past model: time to first token, "
+                   "per-token decode latency, tokens/s for tvmopt and --baselines (ort always; "
+                   "openvino, openvino-f32), greedy tokens checked against onnxruntime's, and a "
+                   "memory-bandwidth floor per token (docs/generation.md). --runs: timed "
+                   "generations per runtime [default 3 here]; --batch: prompts per generation.")
+@click.option("--prompt-len", type=int, default=512, show_default=True,
+              help="With --generate: prompt tokens (random ids from --seed).")
+@click.option("--new-tokens", type=int, default=32, show_default=True,
+              help="With --generate: tokens generated per run (the first by the prefill).")
 @click.option("--rpc-tracker", metavar="HOST:PORT",
               help="Run on a remote device: a server of this TVM RPC tracker (tvmopt rpc).")
 @click.option("--rpc-key", metavar="KEY", help="Device key the RPC servers registered with.")
@@ -78,8 +88,8 @@ def _name_list(ctx, param, value) -> list[str]:
 @options.wide()
 def bench(path, model, target, output, shapes, batches, dims, runs, warmup, max_seconds, baselines,
           threads, load, rate, duration, burst, sizes, max_batch, max_wait_ms, timeout_ms,
-          max_queue, soak, profile_top, no_coldstart, seed, json_path, csv_path, plot_path, rpc_tracker,
-          rpc_key, quiet):
+          max_queue, soak, profile_top, no_coldstart, seed, json_path, csv_path, plot_path, generate,
+          prompt_len, new_tokens, rpc_tracker, rpc_key, quiet):
     """Latency and throughput of PATH (an artifact folder, or an .onnx/.pt2 compiled first).
 
     Closed-loop percentiles per batch size, baselines side by side, per-kernel profile, peak
@@ -99,9 +109,35 @@ def bench(path, model, target, output, shapes, batches, dims, runs, warmup, max_
                         max_queue=max_queue, coldstart=not no_coldstart, profile_top=profile_top,
                         seed=seed, soak=soak, rpc_tracker=rpc_tracker, rpc_key=rpc_key)
     log = (lambda msg: None) if quiet else (lambda msg: click.echo(f"[bench] {msg}", err=True))
+    if generate:
+        _generate(opts, click.get_current_context(), prompt_len, new_tokens, csv_path or plot_path,
+                  json_path, log)
+        return
     doc = run_bench(opts, log=log)
     print_bench(doc)
     for p, writer in ((json_path, write_json), (csv_path, write_csv), (plot_path, write_plot)):
         if p:
             writer(doc, p)
             click.echo(f"wrote {p}")
+
+
+def _generate(opts, ctx, prompt_len, new_tokens, unsupported_file, json_path, log) -> None:
+    """`bench --generate`: the generation harness (tvmopt.bench.generate)."""
+    from ..bench.generate import GenerateOptions, print_generation, run_generate_bench
+    from ..bench.report import write_json
+    from ..bench.suite import BenchOptionError, resolve_artifacts
+
+    if unsupported_file or opts.load or opts.soak or opts.rpc_tracker or len(opts.batches) > 1:
+        raise BenchOptionError("--generate takes --json, --runs, --batch N (one size), "
+                               "--baselines, --threads, --seed; not --csv/--plot, --load, "
+                               "--soak/--duration, --rpc-tracker or a batch sweep")
+    explicit = ctx.get_parameter_source("runs") != click.core.ParameterSource.DEFAULT
+    gen = GenerateOptions(prompt_len=prompt_len, new_tokens=new_tokens,
+                          rounds=opts.runs if explicit else 3, batch=opts.batches[0],
+                          baselines=list(opts.baselines), threads=opts.threads, seed=opts.seed)
+    arts, model = resolve_artifacts(opts, log)
+    doc = run_generate_bench(next(iter(arts.values())), model, gen, log=log)
+    print_generation(doc, echo=click.echo)
+    if json_path:
+        write_json(doc, json_path)
+        click.echo(f"wrote {json_path}")
