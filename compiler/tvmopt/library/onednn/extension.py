@@ -11,6 +11,7 @@ the output tensor, so the attrs `R.shape` sits just before the output.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import os
@@ -114,16 +115,22 @@ def build_extension(cache_dir: str | os.PathLike, onednn_root: str | None = None
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     build_dir = Path(cache_dir) / f"tvmopt_onednn_{digest}"
     out = build_dir / "tvmopt_onednn.so"
-    if out.exists():
-        return str(out)
-    return tvm_ffi.cpp.build(
-        name="tvmopt_onednn",
-        sources=[str(_SOURCE)],
-        extra_cflags=cflags,
-        extra_ldflags=ldflags,
-        extra_include_paths=[str(inc)],
-        build_directory=str(build_dir),
-    )
+    build_dir.mkdir(parents=True, exist_ok=True)
+    # Processes loading the extension at once (bench workers, parallel compiles or test
+    # workers) would otherwise build into one folder together, or load a library another is
+    # still linking: one builds, the others wait and load what it wrote.
+    with open(build_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if out.exists():
+            return str(out)
+        return tvm_ffi.cpp.build(
+            name="tvmopt_onednn",
+            sources=[str(_SOURCE)],
+            extra_cflags=cflags,
+            extra_ldflags=ldflags,
+            extra_include_paths=[str(inc)],
+            build_directory=str(build_dir),
+        )
 
 
 def load_extension(cache_dir: str | os.PathLike | None = None, num_threads: int | None = None):
