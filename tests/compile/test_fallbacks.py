@@ -152,5 +152,6 @@ def test_a_refused_layout_rewrite_is_recorded(save, tmp_path, monkeypatch, how):
     got = [f for f in result.artifact.manifest["fallbacks"] if f["kind"] == "layout_rewrite"]
     assert got == [{"kind": "layout_rewrite", "where": "tvmopt.ChannelsLast", "reason": reason,
                     "instead": "the module keeps its imported layout (NCHW convolutions)"}]
+    assert result.artifact.manifest["kernels"]["layout"] == "as imported"
     assert any(line.startswith("fallback: layout rewrite tvmopt.ChannelsLast failed")
                for line in logged), logged

@@ -196,6 +196,9 @@ def _compile_model(opts: CompileOptions, log, events) -> CompileResult:
     if gate is not None:
         manifest["precision"]["gate"] = gate.to_json()
     manifest["fallbacks"], manifest["schedule_fallbacks"] = fallbacks_manifest(events, log)
+    if any(f.kind == "layout_rewrite" for f in events):
+        # The NHWC rewrite was refused and the module kept its layout: say what was built.
+        manifest["kernels"]["layout"] = "as imported"
     extra = {}
     if c.hw.device == "cuda":
         extra["kernels.cu"], manifest["cuda"] = cuda_report(b.ex, c.hw, b.plan, log)
