@@ -138,6 +138,21 @@ def test_the_floor_is_weights_plus_the_cache_over_bandwidth():
     assert opts.baselines == ["ort"]  # onnxruntime always runs: the ratios and the token check
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--csv", "x.csv"], "--generate takes --json"),
+    (["--batch", "1,8"], "--generate takes --json"),
+    (["--baselines", "torch"], "--baselines with --generate: unknown torch"),
+])
+def test_bench_generate_refuses_what_it_cannot_do_in_one_line(tmp_path, args, needle):
+    from click.testing import CliRunner
+
+    from tvmopt.cli.main import main
+
+    res = CliRunner().invoke(main, ["bench", str(tmp_path / "none.tvmopt"), "--generate", *args])
+    assert res.exit_code != 0
+    assert needle in res.output and len(res.output.strip().splitlines()) == 1, res.output
+
+
 # ------------------------------------------------------------------------------------ real model
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):

@@ -30,6 +30,7 @@ import platform
 import re
 import time
 from dataclasses import asdict, dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Callable
 
@@ -621,6 +622,10 @@ def run_generate_bench(artifact: str, model: str | None, opts: GenerateOptions,
                                           "beside it (pass --model)")
                 continue
             kind, precision = _BASELINE_SPECS[name]
+            if kind == "openvino" and find_spec("openvino") is None:
+                doc["baselines"][name] = ("unavailable: OpenVINO is not installed (pip install "
+                                          "'tvmopt[baselines]')")
+                continue
             try:
                 base_sig = detect_signature(*onnx_signature(model))
             except TvmoptError as err:
