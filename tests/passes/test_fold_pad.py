@@ -40,7 +40,7 @@ def _simplified(model):
 
     mod = import_onnx(model).mod
     return pipeline.optimize(mod, host_target().to_tvm(), pipeline.PipelineConfig(),
-                             until="simplify").script(show_meta=False)
+                             until="simplify").mod.script(show_meta=False)
 
 
 @pytest.mark.parametrize("group", [1, 8])
