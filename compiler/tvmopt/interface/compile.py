@@ -8,7 +8,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import stage
-from ..errors import BuildError, ShapeError, TvmoptError, error_line
+from ..errors import (BuildError, InputValueError, ShapeError, TvmoptError, VerificationError,
+                      error_line)
 from ..frontend.onnx_model import parse_shapes
 from ..pipeline import DEFAULT_DISPATCH
 from ..precision.policy import parse as parse_precision
@@ -474,7 +475,16 @@ def verify_artifact(artifact_path, model_path, tol: Tolerance, dims: dict[str, i
     stage.enter("verification")
     lm = load(artifact_path)
     feeds = random_inputs(lm.inputs, dims)
-    got = lm.run(feeds)
+    try:
+        got = lm.run(feeds)
+    except InputValueError as err:
+        # The sample inputs, not the build: symbolic dims drawn independently can disagree
+        # where the model ties them (a decoder's total = past + seq).
+        drawn = sorted({d for i in lm.inputs for d in (i.shape or ()) if isinstance(d, str)})
+        sizes = ", ".join(f"{d}={(dims or {}).get(d, 1)}" for d in drawn)
+        raise VerificationError(
+            f"the verification inputs ({sizes}) are refused by the model: {err}; pass "
+            "--dim NAME=N with sizes the model accepts together") from None
     reference, ref = verify.reference_outputs(str(model_path), feeds)
     errors = verify.compare(got, ref, tol, reference)
     record = {"reference": reference, "atol": tol.atol, "rtol": tol.rtol}
