@@ -186,6 +186,24 @@ def test_greedy_tokens_equal_onnxruntimes(llama):
     assert len(want.step_ms) == 5
 
 
+def test_a_past_bounded_from_zero_takes_the_prefill(llama, tmp_path):
+    """`--dim past=0..N`: the memory plan holds N, and the prefill's empty past is inside the
+    range (a range had to start at 1, which refused every prefill)."""
+    import tvmopt
+    from tvmopt.runtime.verify import ort_session
+
+    _, onnx_path = llama
+    res = tvmopt.compile_model(tvmopt.CompileOptions(
+        model=onnx_path, target="host", dispatch="codegen", output=str(tmp_path / "b.tvmopt"),
+        dim_bounds={"past": (0, 32), "total": (1, 32), "seq": (1, 32)},
+        verify_dims={"past": 0, "total": 5, "seq": 5}))
+    assert res.artifact.manifest["dim_bounds"]["past"] == [0, 32]
+    prompt = np.random.default_rng(1).integers(0, 1000, 5)
+    want = G.generate(ort_session(onnx_path, threads=1), prompt, 6)
+    got = tvmopt.generate(tvmopt.load(res.artifact.path), prompt, max_new_tokens=6)
+    assert got.tolist() == want.tokens[0].tolist()
+
+
 def test_bench_generate_prints_the_figures_and_writes_json(llama, cli, tmp_path):
     art, onnx_path = llama
     out = tmp_path / "gen.json"

@@ -76,7 +76,8 @@ def test_bounded_seq_plans_memory_once_and_refuses_past_the_bound(seq_model, tmp
     assert "Traceback" not in res.output
 
 
-@pytest.mark.parametrize("dim,why", [("seq=0..8", "1 <= LO <= HI"), ("seq=9..8", "1 <= LO <= HI"),
+@pytest.mark.parametrize("dim,why", [("seq=0..0", "0 <= LO <= HI and HI >= 1"),
+                                     ("seq=9..8", "0 <= LO <= HI and HI >= 1"),
                                      ("seq=1..x", "integers"),
                                      ("len=1..8", "not a symbolic dim of the model's inputs")])
 def test_bad_ranges_are_refused(seq_model, tmp_path, dim, why):

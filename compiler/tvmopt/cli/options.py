@@ -111,8 +111,10 @@ def parse_dim_ranges(items) -> tuple[dict[str, int], dict[str, tuple[int, int]]]
             values[k] = _dim_int(item, v)
             continue
         lo, hi = (_dim_int(item, part) for part in v.split("..", 1))
-        if not 1 <= lo <= hi:
-            raise click.BadParameter(f"'{item}': expected 1 <= LO <= HI", param_hint="--dim")
+        # LO may be 0: a decoder's past is empty at the prefill
+        if not (0 <= lo <= hi and hi >= 1):
+            raise click.BadParameter(f"'{item}': expected 0 <= LO <= HI and HI >= 1",
+                                     param_hint="--dim")
         ranges[k] = (lo, hi)
     return values, ranges
 

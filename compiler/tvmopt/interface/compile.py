@@ -81,8 +81,9 @@ class CompileOptions:
             self.shapes = parse_shapes(self.shapes)
         parse_precision(self.precision)
         for name, (lo, hi) in self.dim_bounds.items():
-            if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
-                raise ShapeError(f"dim '{name}': range {lo}..{hi} is not 1 <= LO <= HI")
+            # LO may be 0: a decoder's past is empty at the prefill
+            if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi and hi >= 1):
+                raise ShapeError(f"dim '{name}': range {lo}..{hi} is not 0 <= LO <= HI, HI >= 1")
             value = self.verify_dims.setdefault(name, hi)
             if not lo <= value <= hi:
                 raise ShapeError(f"dim '{name}': --verify value {value} is outside its range "
