@@ -24,6 +24,15 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _from_module(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a `from X import ...` in `package` names (relative levels resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(name: str, path: Path) -> set[str]:
     """Every tvmopt module `name` imports, at module level or inside functions."""
     is_pkg = path.name == "__init__.py"
@@ -33,12 +42,7 @@ def _imports(name: str, path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
+            mod = _from_module(node, package)
             # `from pkg import sub` imports the submodule when there is one
             targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in MODULES else mod
                        for a in node.names]
@@ -190,12 +194,7 @@ def private_uses(modules: dict[str, Path]) -> list[str]:
         for node in ast.walk(tree):
             if not isinstance(node, ast.ImportFrom):
                 continue
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
+            mod = _from_module(node, package)
             if not mod.startswith(PKG):
                 continue
             for a in node.names:

@@ -363,14 +363,9 @@ def _serve_generate(conn, spec, threads: int, sig: DecoderSignature, prompt: np.
                     new_tokens: int, warmup_tokens: int, greedy: bool, seed: int) -> None:
     """A runtime's worker: load (isolated's runtimes, threads and environment), one warm-up
     generation, then one timed generation per request."""
-    import sys
+    from .isolated import _make_runtime, enter_worker
 
-    from .isolated import _make_runtime
-
-    os.environ.update({k: str(v) for k, v in spec.env.items()})
-    os.environ.setdefault("TVM_NUM_THREADS", str(threads))
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    sys.path[:0] = list(spec.sys_path)
+    enter_worker(spec, threads)
     try:
         run, info = _make_runtime(spec, threads)
         session = FunctionSession([], [], run, spec.kind)

@@ -108,14 +108,20 @@ def _make_runtime(spec: Spec, threads: int):
     raise TvmoptError(f"unknown runtime '{spec.kind}' (choose from {', '.join(KINDS)})")
 
 
-def _serve(conn, spec: Spec, threads: int, feeds: dict) -> None:
-    """The worker: load, then answer requests until told to stop."""
+def enter_worker(spec: Spec, threads: int) -> None:
+    """A worker process's environment, before its runtime loads: the spec's variables, the
+    thread counts (unless the spec set them) and its sys.path."""
     import sys
 
     os.environ.update({k: str(v) for k, v in spec.env.items()})
     os.environ.setdefault("TVM_NUM_THREADS", str(threads))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     sys.path[:0] = list(spec.sys_path)
+
+
+def _serve(conn, spec: Spec, threads: int, feeds: dict) -> None:
+    """The worker: load, then answer requests until told to stop."""
+    enter_worker(spec, threads)
     try:
         run, info = _make_runtime(spec, threads)
         run(feeds)  # first call: weight reorders, lazy compilation
