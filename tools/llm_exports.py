@@ -10,6 +10,7 @@ can. Next to each FILE.onnx: FILE.prefill.npz (seq 5, past 0) and FILE.decode.np
 past 5; its past is the prefill's present, run in torch).
 
     python tools/llm_exports.py OUT_DIR [--models llama,gpt2] [--exporters torchscript,dynamo]
+                                [--size tiny|small]
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ import numpy as np
 
 VOCAB = 1000
 LAYERS = 2
+# --size: "tiny" for tests; "small" the 56M-parameter LLaMA-style decoder of docs/generation.md's
+# figures (hidden 512, 8 layers, 8 heads over 4 KV heads, vocab 32000)
+SIZES = {"tiny": dict(hidden=64, ffn=128, layers=2, heads=4, kv_heads=2, vocab=1000, positions=256),
+         "small": dict(hidden=512, ffn=1408, layers=8, heads=8, kv_heads=4, vocab=32000,
+                       positions=4096)}
+SIZE = SIZES["tiny"]
 MODELS = ("llama", "gpt2")
 EXPORTERS = ("torchscript", "dynamo")
 
@@ -35,14 +42,16 @@ def build(name: str):
 
     torch.manual_seed(0)
     if name == "llama":
-        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
-                          num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                          max_position_embeddings=256, tie_word_embeddings=False)
+        cfg = LlamaConfig(hidden_size=SIZE["hidden"], intermediate_size=SIZE["ffn"],
+                          num_hidden_layers=LAYERS, num_attention_heads=SIZE["heads"],
+                          num_key_value_heads=SIZE["kv_heads"], vocab_size=VOCAB,
+                          max_position_embeddings=SIZE["positions"], tie_word_embeddings=False)
         model = LlamaForCausalLM(cfg)
         kv_heads, head_dim = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
     elif name == "gpt2":
-        cfg = GPT2Config(n_embd=64, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=256,
-                         bos_token_id=0, eos_token_id=0)
+        cfg = GPT2Config(n_embd=SIZE["hidden"], n_layer=LAYERS, n_head=SIZE["heads"],
+                         vocab_size=VOCAB, n_positions=SIZE["positions"], bos_token_id=0,
+                         eos_token_id=0)
         model = GPT2LMHeadModel(cfg)
         kv_heads, head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
     else:
@@ -167,7 +176,11 @@ def main(argv=None) -> int:
     ap.add_argument("out_dir")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--exporters", default=",".join(EXPORTERS))
+    ap.add_argument("--size", default="tiny", choices=sorted(SIZES))
     a = ap.parse_args(argv)
+    global SIZE, LAYERS, VOCAB
+    SIZE = SIZES[a.size]
+    LAYERS, VOCAB = SIZE["layers"], SIZE["vocab"]
     os.makedirs(a.out_dir, exist_ok=True)
     for name in a.models.split(","):
         for exporter in a.exporters.split(","):
